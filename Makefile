@@ -1,0 +1,39 @@
+# Everything runs from a project-local virtualenv, created on first use.
+# Only Python >= 3.11 and access to PyPI are needed on a fresh machine.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: .venv venv demo test proto bench clean
+
+.venv venv: $(STAMP)
+
+# Re-installs only when pyproject.toml changes (the package itself is editable).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/pip install -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/p2p_demo.py
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy pykka_delivery
+	$(BIN)/python -m pytest
+
+# Regenerates pykka_delivery/protocol/*_pb2.py, *_pb2.pyi (and *_pb2_grpc.py for
+# protos with a service) from the .proto files. Commit the result.
+proto: $(STAMP)
+	$(BIN)/python tools/gen_proto.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/p2p_local.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

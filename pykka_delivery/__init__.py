@@ -1,0 +1,60 @@
+"""pykka-delivery: reliable, flow-controlled delivery between Python actors.
+
+A port of Akka/Pekko Typed reliable delivery to pykka actors, protobuf and gRPC. Start
+with `Producer` / `Consumer` (handles for plain code) or `ProducerController` /
+`ConsumerController` (pykka actors).
+"""
+
+import logging
+
+from pykka_delivery.actors import (
+    CONFIRMED,
+    Confirmed,
+    Consumer,
+    ConsumerController,
+    ConsumerControllerSettings,
+    DeliverThenStop,
+    Delivery,
+    MessageWithConfirmation,
+    Producer,
+    ProducerController,
+    ProducerControllerSettings,
+    Ref,
+    RegisterConsumer,
+    RegisterToProducerController,
+    RequestNext,
+)
+from pykka_delivery.errors import (
+    ClosedError,
+    DeliveryError,
+    DeliveryTimeout,
+    LocalProtocolError,
+    WouldBlock,
+)
+from pykka_delivery.transport.local import LossyRef
+
+__all__ = [
+    "CONFIRMED",
+    "ClosedError",
+    "Confirmed",
+    "Consumer",
+    "ConsumerController",
+    "ConsumerControllerSettings",
+    "DeliverThenStop",
+    "Delivery",
+    "DeliveryError",
+    "DeliveryTimeout",
+    "LocalProtocolError",
+    "LossyRef",
+    "MessageWithConfirmation",
+    "Producer",
+    "ProducerController",
+    "ProducerControllerSettings",
+    "Ref",
+    "RegisterConsumer",
+    "RegisterToProducerController",
+    "RequestNext",
+    "WouldBlock",
+]
+
+logging.getLogger("pykka_delivery").addHandler(logging.NullHandler())

@@ -1,0 +1,619 @@
+"""The consumer controller's state machine, pure: messages in, effects out.
+
+Theory of operation (a port of Pekko's ``ConsumerControllerImpl``; names kept):
+
+* The consumer registers with `ConsumerStart`; until then `SequencedMessage`s are stashed
+  (at most ``flow_control_window``; more are dropped, the producer side resends them).
+* The first message of a session (``first``, or any message in only-flow-control mode)
+  binds the core to its producer controller and is answered with
+  ``Request(0, seq_nr + window - 1)``.
+* Messages are handed to the consumer one at a time as `Delivery`; the next one only after
+  `Confirmed`. Messages that arrive meanwhile are stashed.
+* Confirming the first message sends ``Request(seq_nr, seq_nr + window - 1)`` at once (it
+  stops the producer's first-message resends). After that a new `Request` goes out when
+  half the window is left, moving it by half a window; a confirmed message that asked for
+  it (``ack``) is answered with `Ack` in between.
+* A gap sends ``Resend(expected)``, drops the stash and ignores everything until the
+  expected seq_nr arrives (phase RESENDING). Duplicates are dropped; a duplicate first
+  message means our `Request` was lost, so it is repeated.
+* A retry timer repeats the last `Request` (``via_timeout``, making the producer resend all
+  unconfirmed), the `Resend`, or the `RegisterConsumer` when nothing arrives: first after
+  ``resend_interval_min``, then ×1.5 per silent retry up to ``resend_interval_max``.
+
+Decision where we differ from the original (docs/decisions.md, P1): the half-window rule
+fires when *at most* half the window is left and moves by ``max(1, window // 2)``, and the
+first confirmation always opens at least one seq_nr, so windows of 1 and 2 flow instead of
+stalling. For windows of 3 and more the Requests are exactly Akka's.
+
+Only this module assigns the core's fields (see producer_core.py for why they are mutable).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pykka_delivery.actors.chunking import assemble_chunks
+from pykka_delivery.actors.effects import Effect, Send, StartTimer, Stop
+from pykka_delivery.actors.messages import (
+    Ack,
+    ChunkedMessage,
+    Confirmed,
+    ConsumerStart,
+    DeliverThenStop,
+    Delivery,
+    Ref,
+    RegisterConsumer,
+    RegisterToProducerController,
+    Request,
+    Resend,
+    SequencedMessage,
+)
+from pykka_delivery.actors.settings import ConsumerControllerSettings
+from pykka_delivery.errors import LocalProtocolError
+from pykka_delivery.protocol.serialization import Serialization, default_serialization
+
+__all__ = ["RETRY", "ConsumerCore", "ConsumerPhase", "ConsumerSnapshot", "ConsumerStats"]
+
+logger = logging.getLogger("pykka_delivery.consumer")
+
+RETRY = "retry"
+"""Key of the timer that repeats Request / Resend / RegisterConsumer on silence."""
+
+
+class ConsumerPhase(enum.Enum):
+    WAITING_FOR_START = "waiting_for_start"  # no consumer yet: stash
+    ACTIVE = "active"  # waiting for the next SequencedMessage
+    RESENDING = "resending"  # gap seen: ignore all but the expected seq_nr
+    WAITING_FOR_CONFIRMATION = "waiting_for_confirmation"  # a Delivery is out: stash
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSnapshot:
+    """A frozen view of a consumer core's state (seq_nrs only, no payloads)."""
+
+    phase: ConsumerPhase
+    producer_id: str
+    received_seq_nr: int
+    confirmed_seq_nr: int
+    requested_seq_nr: int
+    stashed: tuple[int, ...]
+    collected_chunks: tuple[int, ...]
+    registering: bool
+    stopping: bool
+    retry_interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """Counters of a consumer controller, as a frozen snapshot.
+
+    Attributes:
+        delivered: deliveries handed to the consumer.
+        confirmed: deliveries the consumer confirmed.
+        duplicates: messages dropped as already received.
+        gaps: gaps detected (a `Resend` sent).
+        dropped: messages dropped for other reasons (stash full, wrong producer,
+            registering elsewhere, waiting for a resend).
+        retries: retry-timer firings that re-sent a Request, Resend or RegisterConsumer.
+    """
+
+    delivered: int
+    confirmed: int
+    duplicates: int
+    gaps: int
+    dropped: int
+    retries: int
+
+
+class ConsumerCore:
+    """State machine of one consumer controller.
+
+    Args:
+        self_ref: where the producer side reaches this controller; sent in
+            `RegisterConsumer`.
+        settings: see `ConsumerControllerSettings`.
+        serialization: used to deserialize chunked messages.
+        confirm_to: where the consumer sends `Confirmed` (``Delivery.confirm_to``); the
+            consumer is local, so this is usually the controller's own local ref.
+            Default: ``self_ref``.
+
+    Call `on_spawned` once before anything else: it starts the retry timer.
+    """
+
+    __slots__ = (
+        "_confirmed_count",
+        "_delivered",
+        "_dropped",
+        "_duplicates",
+        "_gaps",
+        "_half",
+        "_handlers",
+        "_retries",
+        "_retry_interval",
+        "collected_chunks",
+        "confirm_to",
+        "confirmed_seq_nr",
+        "consumer",
+        "current",
+        "phase",
+        "producer_controller",
+        "producer_id",
+        "received_seq_nr",
+        "registering",
+        "requested_seq_nr",
+        "resend_lost",
+        "self_ref",
+        "serialization",
+        "settings",
+        "stash",
+        "stopping",
+        "window",
+    )
+
+    def __init__(
+        self,
+        self_ref: Ref,
+        settings: ConsumerControllerSettings | None = None,
+        serialization: Serialization | None = None,
+        confirm_to: Ref | None = None,
+    ) -> None:
+        self.self_ref = self_ref
+        self.confirm_to = confirm_to if confirm_to is not None else self_ref
+        self.settings = settings = settings or ConsumerControllerSettings()
+        self.serialization = serialization or default_serialization
+        self.window = settings.flow_control_window
+        self._half = max(1, self.window // 2)
+        self.resend_lost = not settings.only_flow_control
+        self.phase = ConsumerPhase.WAITING_FOR_START
+        self.consumer: Ref | None = None
+        self.producer_controller: Ref | None = None
+        self.producer_id = "n/a"
+        self.received_seq_nr = 0
+        self.confirmed_seq_nr = 0
+        self.requested_seq_nr = 0
+        self.stash: deque[SequencedMessage] = deque()
+        self.collected_chunks: list[SequencedMessage] = []
+        self.registering: Ref | None = None
+        self.stopping = False
+        self.current: SequencedMessage | None = None  # the delivery awaiting confirmation
+        self._retry_interval = settings.resend_interval_min
+        self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
+        self._dropped = self._retries = 0
+        self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
+            SequencedMessage: self.on_sequenced,
+            Confirmed: lambda _: self.on_confirmed(),
+            ConsumerStart: lambda m: self.on_start(m.deliver_to),
+            RegisterToProducerController: lambda m: self.on_register_to(m.producer_controller),
+            DeliverThenStop: lambda _: self.on_deliver_then_stop(),
+        }
+
+    # --- queries ---------------------------------------------------------------------
+
+    def snapshot(self) -> ConsumerSnapshot:
+        return ConsumerSnapshot(
+            phase=self.phase,
+            producer_id=self.producer_id,
+            received_seq_nr=self.received_seq_nr,
+            confirmed_seq_nr=self.confirmed_seq_nr,
+            requested_seq_nr=self.requested_seq_nr,
+            stashed=tuple(m.seq_nr for m in self.stash),
+            collected_chunks=tuple(m.seq_nr for m in self.collected_chunks),
+            registering=self.registering is not None,
+            stopping=self.stopping,
+            retry_interval=self._retry_interval,
+        )
+
+    def statistics(self) -> ConsumerStats:
+        return ConsumerStats(
+            delivered=self._delivered,
+            confirmed=self._confirmed_count,
+            duplicates=self._duplicates,
+            gaps=self._gaps,
+            dropped=self._dropped,
+            retries=self._retries,
+        )
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.phase is ConsumerPhase.STOPPED
+
+    # --- inputs ----------------------------------------------------------------------
+
+    def on_spawned(self) -> list[Effect]:
+        """The controller exists: start the retry timer (it also repeats registration)."""
+        return [StartTimer(RETRY, self._retry_interval)]
+
+    def receive(self, message: object) -> list[Effect]:
+        """Handle any message a consumer controller accepts.
+
+        Raises:
+            LocalProtocolError: not a message a consumer controller handles, or one that
+                breaks the protocol in the current phase; the state did not change.
+        """
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            msg = (
+                f"ConsumerController cannot handle {type(message).__name__} "
+                f"(in phase {self.phase.value})"
+            )
+            raise LocalProtocolError(msg)
+        return handler(message)
+
+    def on_start(self, deliver_to: Ref) -> list[Effect]:
+        """The consumer registers (`ConsumerStart`), perhaps replacing an earlier one."""
+        phase = self.phase
+        if phase is ConsumerPhase.STOPPED:
+            return []
+        if phase is ConsumerPhase.WAITING_FOR_START:
+            self.consumer = deliver_to
+            self.phase = ConsumerPhase.ACTIVE
+            logger.debug("Received Start, unstashing %d messages", len(self.stash))
+            effects: list[Effect] = []
+            self._restart_retry(effects)
+            self._unstash(effects)
+            return effects
+        if deliver_to == self.consumer:
+            return []
+        self.consumer = deliver_to
+        if phase is ConsumerPhase.WAITING_FOR_CONFIRMATION:
+            assert self.current is not None
+            return [Send(deliver_to, self._delivery(self.current))]  # the new consumer gets it
+        return []
+
+    def on_sequenced(self, msg: SequencedMessage) -> list[Effect]:
+        """A `SequencedMessage` arrived from a producer controller."""
+        phase = self.phase
+        effects: list[Effect] = []
+        if phase is ConsumerPhase.ACTIVE:
+            if self._retry_interval != self.settings.resend_interval_min:
+                self._restart_retry(effects)  # Akka's retryTimer.reset()
+            self._active(msg, effects)
+            self._unstash(effects)
+        elif phase is ConsumerPhase.WAITING_FOR_CONFIRMATION:
+            self._stash_while_waiting(msg)
+        elif phase is ConsumerPhase.RESENDING:
+            self._resending(msg, effects)
+            self._unstash(effects)
+        elif phase is ConsumerPhase.WAITING_FOR_START:
+            if len(self.stash) >= self.window:
+                self._dropped += 1
+                logger.debug(
+                    "Received SequencedMessage seq_nr %d before Start, discarding it: stash full",
+                    msg.seq_nr,
+                )
+            else:
+                self.stash.append(msg)
+        return effects
+
+    def on_confirmed(self) -> list[Effect]:
+        """The consumer confirmed the current `Delivery`.
+
+        Raises:
+            LocalProtocolError: no delivery is awaiting confirmation.
+        """
+        current = self.current
+        if self.phase is not ConsumerPhase.WAITING_FOR_CONFIRMATION or current is None:
+            msg = (
+                f"Confirmed received with no delivery awaiting confirmation "
+                f"(phase {self.phase.value}, last confirmed seq_nr {self.confirmed_seq_nr}): "
+                "confirm each Delivery once"
+            )
+            raise LocalProtocolError(msg)
+        self._confirmed_count += 1
+        seq_nr = current.seq_nr
+        pc = self.producer_controller
+        assert pc is not None
+        effects: list[Effect] = []
+        requested = self.requested_seq_nr
+        if current.first:
+            # Confirm the first message at once: it stops the producer's first-resends.
+            requested = seq_nr - 1 + max(self.window, 2)  # window 1 still opens one more
+            effects.append(Send(pc, Request(seq_nr, requested, self.resend_lost, False)))
+        elif requested - seq_nr <= self._half:
+            # max(): in only-flow-control mode a gap may have carried seq_nr past requested.
+            requested = max(requested, seq_nr) + self._half
+            effects.append(Send(pc, Request(seq_nr, requested, self.resend_lost, False)))
+            self._restart_retry(effects)
+        elif current.ack:
+            effects.append(Send(pc, Ack(seq_nr)))
+        self.confirmed_seq_nr = seq_nr
+        self.requested_seq_nr = requested
+        self.current = None
+        if self.stopping and not self.stash:
+            logger.debug("Stopped at seq_nr %d after delivering buffered messages", seq_nr)
+            self._stop(effects)
+            return effects
+        self.phase = ConsumerPhase.ACTIVE
+        self._unstash(effects)
+        return effects
+
+    def on_register_to(self, producer_controller: Ref) -> list[Effect]:
+        """Connect to (another) producer controller from the consumer side."""
+        phase = self.phase
+        if phase is ConsumerPhase.STOPPED:
+            return []
+        if phase is ConsumerPhase.WAITING_FOR_START:
+            self.registering = producer_controller
+            return [Send(producer_controller, RegisterConsumer(self.self_ref))]
+        if producer_controller == self.producer_controller:
+            return []
+        logger.debug("Register to new producer controller, previous was %r", self.producer_id)
+        effects: list[Effect] = []
+        self._restart_retry(effects)
+        effects.append(Send(producer_controller, RegisterConsumer(self.self_ref)))
+        self.registering = producer_controller
+        if phase is ConsumerPhase.RESENDING:
+            self.phase = ConsumerPhase.ACTIVE  # as in the original
+        return effects
+
+    def on_deliver_then_stop(self) -> list[Effect]:
+        """Stop once every received and stashed message is delivered and confirmed."""
+        phase = self.phase
+        if phase is ConsumerPhase.STOPPED:
+            return []
+        if phase is ConsumerPhase.WAITING_FOR_START:
+            if not self.stash:
+                self.phase = ConsumerPhase.STOPPED
+                return [Stop()]
+            self.stopping = True
+            return []
+        if not self.stash and self.received_seq_nr == self.confirmed_seq_nr:
+            logger.debug("Stopped at seq_nr %d, no buffered messages", self.confirmed_seq_nr)
+            effects: list[Effect] = []
+            self._stop(effects)
+            return effects
+        self.stopping = True
+        return []
+
+    def on_consumer_terminated(self) -> list[Effect]:
+        """The consumer is gone: the controller stops too."""
+        if self.phase is ConsumerPhase.STOPPED:
+            return []
+        effects: list[Effect] = []
+        self._stop(effects)
+        return effects
+
+    def on_stopped(self) -> list[Effect]:
+        """The controller is being stopped from outside: best-effort `Ack` of what is
+        confirmed, so the producer side can drop it."""
+        if self.phase is ConsumerPhase.STOPPED:
+            return []
+        self.phase = ConsumerPhase.STOPPED
+        if self.producer_controller is None:
+            return []
+        return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
+
+    def on_timer(self, key: str) -> list[Effect]:
+        """A timer started by this core fired."""
+        if key != RETRY:
+            return []
+        phase = self.phase
+        effects: list[Effect] = []
+        if phase is ConsumerPhase.WAITING_FOR_START:
+            if self.registering is not None:
+                effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
+            return effects
+        if phase not in (ConsumerPhase.ACTIVE, ConsumerPhase.RESENDING):
+            return effects  # no retries while a delivery awaits confirmation
+        self._retries += 1
+        # Back off: ×1.5 up to the maximum; restart the timer only if the interval changed.
+        interval = min(self.settings.resend_interval_max, self._retry_interval * 1.5)
+        if interval != self._retry_interval:
+            self._retry_interval = interval
+            effects.append(StartTimer(RETRY, interval))
+        if self.registering is not None:
+            effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
+        elif phase is ConsumerPhase.ACTIVE:
+            self._retry_request(effects)
+        else:
+            assert self.producer_controller is not None
+            logger.debug("Retry sending Resend from seq_nr %d", self.received_seq_nr + 1)
+            effects.append(Send(self.producer_controller, Resend(self.received_seq_nr + 1)))
+        return effects
+
+    # --- per-phase handling of a SequencedMessage ------------------------------------
+
+    def _active(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        seq_nr = msg.seq_nr
+        expected = self.received_seq_nr + 1
+        if msg.producer_controller != self.producer_controller or self.received_seq_nr == 0:
+            self._changed_producer(msg, effects)
+        elif self.registering is not None:
+            self._dropped += 1
+            logger.debug(
+                "Received SequencedMessage seq_nr %d, discarding it: registering to a new "
+                "producer controller",
+                seq_nr,
+            )
+        elif seq_nr == expected:
+            self.received_seq_nr = seq_nr
+            self._deliver(msg, effects)
+        elif seq_nr > expected:
+            self._gaps += 1
+            if self.resend_lost:
+                logger.debug(
+                    "Received SequencedMessage seq_nr %d, expected %d, requesting resend",
+                    seq_nr,
+                    expected,
+                )
+                effects.append(Send(msg.producer_controller, Resend(expected)))
+                self._enter_resending(effects)
+            else:
+                logger.debug(
+                    "Received SequencedMessage seq_nr %d, expected %d, delivering anyway",
+                    seq_nr,
+                    expected,
+                )
+                self.received_seq_nr = seq_nr
+                self._deliver(msg, effects)
+        else:
+            self._duplicates += 1
+            logger.debug(
+                "Received duplicate SequencedMessage seq_nr %d, expected %d", seq_nr, expected
+            )
+            if msg.first:
+                self._retry_request(effects)  # the producer did not see our Request
+
+    def _resending(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        seq_nr = msg.seq_nr
+        if msg.producer_controller != self.producer_controller or self.received_seq_nr == 0:
+            self._changed_producer(msg, effects)
+        elif self.registering is not None:
+            self._dropped += 1
+        elif seq_nr == self.received_seq_nr + 1:
+            logger.debug("Received missing SequencedMessage seq_nr %d", seq_nr)
+            self.received_seq_nr = seq_nr
+            self._deliver(msg, effects)
+        else:
+            self._dropped += 1
+            if msg.first:
+                self._retry_request(effects)
+
+    def _changed_producer(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        seq_nr = msg.seq_nr
+        pc = msg.producer_controller
+        if msg.first or not self.resend_lost:
+            requested = seq_nr - 1 + self.window
+            logger.debug(
+                "Associated with producer controller of %r at seq_nr %d, requesting up to %d",
+                msg.producer_id,
+                seq_nr,
+                requested,
+            )
+            effects.append(Send(pc, Request(0, requested, self.resend_lost, False)))
+            self.producer_controller = pc
+            self.producer_id = msg.producer_id
+            self.received_seq_nr = seq_nr
+            self.confirmed_seq_nr = 0
+            self.requested_seq_nr = requested
+            if self.registering is not None and self.registering == pc:
+                self.registering = None
+            self._deliver(msg, effects)
+        elif self.received_seq_nr == 0:
+            # A fresh controller met a session midway: ask for everything, head marked first.
+            logger.debug(
+                "Received SequencedMessage seq_nr %d from a new producer controller, not first: "
+                "requesting Resend(0)",
+                seq_nr,
+            )
+            effects.append(Send(pc, Resend(0)))
+            self._enter_resending(effects)
+        else:
+            self._dropped += 1
+            logger.warning(
+                "Received SequencedMessage seq_nr %d of %r, discarding it: from an unexpected "
+                "producer controller",
+                seq_nr,
+                msg.producer_id,
+            )
+
+    def _stash_while_waiting(self, msg: SequencedMessage) -> None:
+        current = self.current
+        assert current is not None
+        expected = current.seq_nr + len(self.stash) + 1
+        if msg.seq_nr < expected and msg.producer_controller == current.producer_controller:
+            self._duplicates += 1
+        elif len(self.stash) >= self.window:
+            self._dropped += 1  # the producer side will resend it
+            logger.debug(
+                "Received SequencedMessage seq_nr %d, discarding it: stash is full", msg.seq_nr
+            )
+        else:
+            self.stash.append(msg)
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _deliver(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        """Hand a message to the consumer, or collect it if it is a chunk."""
+        message = msg.message
+        if type(message) is ChunkedMessage:
+            if message.first_chunk:
+                self.collected_chunks = []
+            if not message.last_chunk:
+                self.collected_chunks.append(msg)
+                self.phase = ConsumerPhase.ACTIVE  # also ends RESENDING: the gap is filled
+                if self.requested_seq_nr - msg.seq_nr <= self._half:
+                    # Keep the window moving while a large message is being collected.
+                    self.requested_seq_nr = max(self.requested_seq_nr, msg.seq_nr) + self._half
+                    assert self.producer_controller is not None
+                    effects.append(
+                        Send(
+                            self.producer_controller,
+                            Request(
+                                self.confirmed_seq_nr,
+                                self.requested_seq_nr,
+                                self.resend_lost,
+                                False,
+                            ),
+                        )
+                    )
+                    self._restart_retry(effects)
+                return
+            chunks = [*self.collected_chunks, msg]
+            self.collected_chunks = []
+            payload = assemble_chunks([c.message for c in chunks], self.serialization)
+            msg = SequencedMessage(
+                msg.producer_id,
+                msg.seq_nr,
+                payload,
+                chunks[0].first,
+                msg.ack,
+                msg.producer_controller,
+            )
+        self.current = msg
+        self.phase = ConsumerPhase.WAITING_FOR_CONFIRMATION
+        self._delivered += 1
+        assert self.consumer is not None
+        effects.append(Send(self.consumer, self._delivery(msg)))
+
+    def _delivery(self, msg: SequencedMessage) -> Delivery:
+        return Delivery(msg.message, self.confirm_to, msg.producer_id, msg.seq_nr)
+
+    def _unstash(self, effects: list[Effect]) -> None:
+        """Feed stashed messages back, one at a time, until one is delivered."""
+        stash = self.stash
+        while stash and self.phase is ConsumerPhase.ACTIVE:
+            self._active(stash.popleft(), effects)
+        if (
+            self.stopping
+            and self.phase is ConsumerPhase.ACTIVE
+            and not stash
+            and self.received_seq_nr == self.confirmed_seq_nr
+        ):
+            self._stop(effects)
+
+    def _enter_resending(self, effects: list[Effect]) -> None:
+        self._dropped += len(self.stash)
+        self.stash.clear()
+        self.phase = ConsumerPhase.RESENDING
+        self._restart_retry(effects)
+
+    def _retry_request(self, effects: list[Effect]) -> None:
+        pc = self.producer_controller
+        if pc is None:
+            return
+        if self.resend_lost:
+            requested = self.requested_seq_nr
+        else:
+            requested = self.received_seq_nr + self._half
+        logger.debug(
+            "Retry sending Request, confirmed %d, up to %d", self.confirmed_seq_nr, requested
+        )
+        effects.append(Send(pc, Request(self.confirmed_seq_nr, requested, self.resend_lost, True)))
+        self.requested_seq_nr = requested
+
+    def _restart_retry(self, effects: list[Effect]) -> None:
+        self._retry_interval = self.settings.resend_interval_min
+        effects.append(StartTimer(RETRY, self._retry_interval))
+
+    def _stop(self, effects: list[Effect]) -> None:
+        if self.producer_controller is not None:
+            effects.append(Send(self.producer_controller, Ack(self.confirmed_seq_nr)))
+        self.phase = ConsumerPhase.STOPPED
+        effects.append(Stop())

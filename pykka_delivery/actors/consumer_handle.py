@@ -1,0 +1,271 @@
+"""`Consumer`: reliable receiving for code that is not an actor.
+
+The handle runs a `ConsumerCore` inline in the application's thread. The producer side's
+messages are appended to an inbox by whatever thread delivers them (no lock, no wake-up
+unless the application is waiting); `receive` takes them one at a time through the core,
+and ``delivery.confirm()`` is a direct call into the core. A batch that arrives at once is
+therefore consumed with no thread hop per message.
+
+Messages are fed to the core only when it can deliver (never while a delivery awaits
+confirmation), so the core's stash stays empty and the inbox is the buffer; the producer
+side never sends more than the flow-control window, so it stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
+from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
+from pykka_delivery.actors.messages import Delivery, Ref, SequencedMessage
+from pykka_delivery.actors.settings import ConsumerControllerSettings
+from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
+from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
+from pykka_delivery.protocol.serialization import Serialization
+
+__all__ = ["Consumer"]
+
+logger = logging.getLogger("pykka_delivery.consumer")
+
+
+class _Endpoint:
+    """The consumer's address for the producer side: append, wake the reader if waiting."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def __repr__(self) -> str:
+        return "Consumer()"
+
+    def tell(self, message: Any) -> None:
+        consumer = self._consumer
+        consumer._inbox.append(message)
+        if consumer._waiting:
+            with consumer._lock:
+                consumer._arrived.notify()
+
+
+class _ConfirmTo:
+    """``Delivery.confirm_to``: confirming is a direct call, on any thread."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def tell(self, message: Any) -> None:
+        self._consumer._confirm()
+
+
+class _Ready:
+    """The core's "consumer": deliveries the core hands out wait here for `receive`."""
+
+    __slots__ = ("deliveries",)
+
+    def __init__(self) -> None:
+        self.deliveries: deque[Delivery] = deque()
+
+    def tell(self, message: Any) -> None:
+        self.deliveries.append(message)
+
+
+class Consumer:
+    """Receives one producer's messages reliably, in order, one at a time.
+
+    Use it as an iterator, confirming each delivery when it is processed::
+
+        for delivery in consumer:
+            handle(delivery.message)
+            delivery.confirm()
+
+    Args:
+        settings: see `ConsumerControllerSettings`.
+        serialization: for chunked messages; default `default_serialization`.
+        timer_service: default: the process-wide one.
+
+    Connect it with `register_to` (or let a producer call ``register_consumer(consumer.ref)``).
+    Retries on silence are sent while the application waits in `receive`.
+    """
+
+    def __init__(
+        self,
+        settings: ConsumerControllerSettings | None = None,
+        *,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._inbox: deque[Any] = deque()
+        self._waiting = False
+        self._closed = False
+        self._outstanding: Delivery | None = None
+        self._endpoint = _Endpoint(self)
+        self._ready = _Ready()
+        self._timers = Timers(self._endpoint.tell, timer_service)
+        self._core = ConsumerCore(self._endpoint, settings, serialization, _ConfirmTo(self))
+        with self._lock:
+            self._run(self._core.on_spawned())
+            self._run(self._core.on_start(self._ready))
+
+    @property
+    def ref(self) -> Ref:
+        """Where the producer side sends to (this consumer's "consumer controller")."""
+        return self._endpoint
+
+    def register_to(self, producer_controller: Ref) -> None:
+        """Connect to ``producer_controller`` (a `Producer`'s ref, a producer controller
+        actor, or a remote reference); repeated until its first message arrives."""
+        with self._lock:
+            self._run(self._core.on_register_to(producer_controller))
+
+    def receive(self, timeout: float | None = None) -> Delivery:
+        """The next delivery, waiting for it if needed. Confirm it before the next call.
+
+        Raises:
+            DeliveryTimeout: nothing arrived within ``timeout`` seconds.
+            ClosedError: the consumer was closed, or stopped after `deliver_then_stop`.
+            LocalProtocolError: the previous delivery is not confirmed yet.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_can_receive()
+            while True:
+                delivery = self._next_ready()
+                if delivery is not None:
+                    return delivery
+                if self._core.is_stopped:
+                    msg = "Consumer stopped after delivering every message (deliver_then_stop)"
+                    raise ClosedError(msg)
+                self._waiting = True
+                try:
+                    if self._inbox:
+                        continue
+                    if deadline is None:
+                        self._arrived.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            msg = f"Consumer: nothing delivered within {timeout} s"
+                            raise DeliveryTimeout(msg)
+                        self._arrived.wait(remaining)
+                finally:
+                    self._waiting = False
+                self._check_open()
+
+    def receive_nowait(self) -> Delivery:
+        """The next delivery if one is here already.
+
+        Raises:
+            WouldBlock: none is ready.
+        """
+        with self._lock:
+            self._check_can_receive()
+            delivery = self._next_ready()
+        if delivery is None:
+            msg = "Consumer has no delivery ready"
+            raise WouldBlock(msg)
+        return delivery
+
+    def __iter__(self) -> Iterator[Delivery]:
+        """Deliveries until the consumer is closed or stopped."""
+        while True:
+            try:
+                yield self.receive()
+            except ClosedError:
+                return
+
+    def deliver_then_stop(self) -> None:
+        """Stop once every message received so far is delivered and confirmed; iteration
+        then ends."""
+        with self._lock:
+            self._run(self._core.on_deliver_then_stop())
+            self._arrived.notify_all()
+
+    def close(self) -> None:
+        """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
+        with the producer, to be delivered to the next consumer)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._run(self._core.on_stopped())
+            self._timers.cancel_all()
+            self._arrived.notify_all()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def snapshot(self) -> ConsumerSnapshot:
+        with self._lock:
+            return self._core.snapshot()
+
+    def statistics(self) -> ConsumerStats:
+        with self._lock:
+            return self._core.statistics()
+
+    # --- internals (call with the lock held) ------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = "Consumer is closed"
+            raise ClosedError(msg)
+
+    def _check_can_receive(self) -> None:
+        self._check_open()
+        if self._outstanding is not None:
+            msg = (
+                f"Consumer: delivery seq_nr {self._outstanding.seq_nr} is not confirmed yet: "
+                "call delivery.confirm() before receiving the next"
+            )
+            raise LocalProtocolError(msg)
+
+    def _next_ready(self) -> Delivery | None:
+        """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
+        ready = self._ready.deliveries
+        inbox = self._inbox
+        core = self._core
+        while not ready and inbox:
+            message = inbox.popleft()
+            if type(message) is SequencedMessage:
+                self._run(core.on_sequenced(message))
+            elif type(message) is TimerFired:
+                if self._timers.accept(message):
+                    self._run(core.on_timer(message.key))
+            else:
+                logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
+        if not ready:
+            return None
+        delivery = ready.popleft()
+        self._outstanding = delivery
+        return delivery
+
+    def _confirm(self) -> None:
+        with self._lock:
+            if self._outstanding is None:
+                msg = "Consumer: confirm() with no delivery outstanding: confirm each delivery once"
+                raise LocalProtocolError(msg)
+            self._outstanding = None
+            if not self._closed:
+                self._run(self._core.on_confirmed())
+
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if type(effect) is Send:
+                effect.to.tell(effect.message)
+            elif type(effect) is StartTimer:
+                self._timers.start(effect.key, effect.interval)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(effect.key)
+            elif type(effect) is Stop:
+                self._timers.cancel_all()

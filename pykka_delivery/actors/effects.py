@@ -1,0 +1,46 @@
+"""Effects: the orders a pure core hands to its shell.
+
+A core never sends, sleeps or reads a clock. It returns a list of these, and the shell (a
+pykka actor, a handle, or a test harness with a fake clock) carries them out in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pykka_delivery.actors.messages import Ref
+
+__all__ = ["CancelTimer", "Effect", "Send", "StartTimer", "Stop"]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Tell ``message`` to ``to``."""
+
+    to: Ref
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    """(Re)start the timer ``key``: fire ``on_timer(key)`` every ``interval`` seconds
+    (fixed delay) until cancelled. Starting a running timer replaces it."""
+
+    key: str
+    interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """Cancel the timer ``key``; a firing already on its way is ignored."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The controller has finished: stop it (after carrying out the effects before it)."""
+
+
+Effect = Send | StartTimer | CancelTimer | Stop

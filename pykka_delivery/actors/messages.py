@@ -1,0 +1,256 @@
+"""The vocabulary of reliable delivery: every message the controllers exchange.
+
+Names follow Akka/Pekko Typed reliable delivery (`ProducerController`, `ConsumerController`).
+Three groups:
+
+* **Application-facing, local, one message at a time**: `ProducerStart`, `RequestNext`,
+  `MessageWithConfirmation` between a producer and its `ProducerController`; `ConsumerStart`,
+  `Delivery`, `Confirmed`, `DeliverThenStop`, `RegisterToProducerController` between a
+  consumer and its `ConsumerController`. The controller classes expose them under Akka's
+  names (`ProducerController.Start`, `ConsumerController.Start`, ...).
+* **Wire, windowed** (may cross a process boundary, see `protocol/delivery.proto`):
+  `SequencedMessage` (producer side to consumer side), `Request`, `Resend`, `Ack`,
+  `RegisterConsumer` (consumer side to producer side).
+* `ChunkedMessage`: one piece of a large payload, carried inside a `SequencedMessage`.
+
+All messages are frozen, slotted dataclasses: pykka does not copy messages, so they must
+be immutable. Don't subclass them.
+
+A *ref* is anything with a `tell(message)` method: a pykka `ActorRef`, a remote reference,
+or one of the handles' local endpoints. The controllers never need more than `tell`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "CONFIRMED",
+    "Ack",
+    "ChunkedMessage",
+    "Confirmed",
+    "ConsumerStart",
+    "DeliverThenStop",
+    "Delivery",
+    "MessageWithConfirmation",
+    "ProducerStart",
+    "Ref",
+    "RegisterConsumer",
+    "RegisterToProducerController",
+    "Request",
+    "RequestNext",
+    "Resend",
+    "SendNext",
+    "SequencedMessage",
+]
+
+
+@runtime_checkable
+class Ref(Protocol):
+    """Where a message can be sent: anything with ``tell``."""
+
+    def tell(self, message: Any) -> None: ...
+
+
+# --- wire messages ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkedMessage:
+    """One piece of a payload larger than ``chunk_large_messages`` bytes.
+
+    The payload is serialized once and cut into pieces; each piece takes its own seq_nr.
+    The consumer side joins the pieces and deserializes with the last piece's
+    ``serializer_id`` and ``manifest``.
+    """
+
+    data: bytes
+    first_chunk: bool
+    last_chunk: bool
+    serializer_id: int
+    manifest: str
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedMessage:
+    """A message numbered by the producer controller, sent to the consumer controller.
+
+    ``first`` marks the first message of a session between one producer controller and one
+    consumer controller. ``ack`` asks the consumer controller for an `Ack` once the consumer
+    confirmed it (set for `MessageWithConfirmation`). ``producer_controller`` is where the
+    consumer side answers; as in Akka, it takes no part in equality.
+    """
+
+    producer_id: str
+    seq_nr: int
+    message: Any
+    first: bool
+    ack: bool
+    producer_controller: Ref = field(compare=False, repr=False)
+
+    def as_first(self) -> SequencedMessage:
+        """The same message marked as the first of a session."""
+        if self.first:
+            return self
+        return SequencedMessage(
+            self.producer_id, self.seq_nr, self.message, True, self.ack, self.producer_controller
+        )
+
+    @property
+    def is_first_chunk(self) -> bool:
+        """True for the first piece of a chunked message, and for any message not chunked."""
+        message = self.message
+        return not isinstance(message, ChunkedMessage) or message.first_chunk
+
+    @property
+    def is_last_chunk(self) -> bool:
+        """True for the last piece of a chunked message, and for any message not chunked."""
+        message = self.message
+        return not isinstance(message, ChunkedMessage) or message.last_chunk
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Consumer side to producer side: confirmed up to, and send up to (inclusive).
+
+    ``support_resend`` is False in only-flow-control mode. ``via_timeout`` marks a retry
+    sent because nothing arrived; the producer side then resends everything unconfirmed.
+    """
+
+    confirmed_seq_nr: int
+    request_up_to_seq_nr: int
+    support_resend: bool = True
+    via_timeout: bool = False
+
+    def __post_init__(self) -> None:
+        if self.confirmed_seq_nr > self.request_up_to_seq_nr:
+            msg = (
+                f"Request confirmed_seq_nr {self.confirmed_seq_nr} is above "
+                f"request_up_to_seq_nr {self.request_up_to_seq_nr}: a consumer can only "
+                "confirm what it was allowed to receive"
+            )
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """Consumer side detected a gap: resend every unconfirmed message from ``from_seq_nr``.
+
+    ``Resend(0)`` comes from a consumer controller that never saw this producer controller's
+    first message: resend everything, the head marked as first.
+    """
+
+    from_seq_nr: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Consumer side confirms up to ``confirmed_seq_nr`` without asking for more."""
+
+    confirmed_seq_nr: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterConsumer:
+    """Connect a consumer controller to a producer controller (from either side)."""
+
+    consumer_controller: Ref
+
+
+# --- producer-facing messages ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStart:
+    """The producer registers with its producer controller (`ProducerController.Start`).
+
+    Sending it again, for example from a restarted producer, switches to the new producer,
+    which gets a fresh `RequestNext` if one was outstanding.
+    """
+
+    producer: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class RequestNext:
+    """Permission to send exactly one message.
+
+    Send it with ``send_next_to.tell(message)``, or with
+    ``ask_next_to.tell(MessageWithConfirmation(message, reply_to))`` to be told its seq_nr
+    once the consumer confirmed it. Wait for the next `RequestNext` before sending again.
+    """
+
+    producer_id: str
+    current_seq_nr: int
+    confirmed_seq_nr: int
+    send_next_to: Ref = field(compare=False)
+    ask_next_to: Ref = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageWithConfirmation:
+    """Send ``message`` and have its seq_nr told to ``reply_to`` once it is confirmed."""
+
+    message: Any
+    reply_to: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class SendNext:
+    """What ``RequestNext.send_next_to`` wraps a producer's message in (Akka's ``Msg``)."""
+
+    message: Any
+
+
+# --- consumer-facing messages ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStart:
+    """The consumer registers with its consumer controller (`ConsumerController.Start`).
+
+    A later `ConsumerStart` with another ref replaces the consumer; a delivery that awaits
+    confirmation is delivered again to the new one.
+    """
+
+    deliver_to: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """The consumer processed the current `Delivery` (use the `CONFIRMED` instance)."""
+
+
+CONFIRMED = Confirmed()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed to the consumer; the next comes only after it is confirmed.
+
+    For a chunked message ``seq_nr`` is the seq_nr of its last piece.
+    """
+
+    message: Any
+    confirm_to: Ref = field(compare=False, repr=False)
+    producer_id: str
+    seq_nr: int
+
+    def confirm(self) -> None:
+        """Tell the consumer controller this delivery is processed (`Confirmed`)."""
+        self.confirm_to.tell(CONFIRMED)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverThenStop:
+    """Stop the consumer controller once every received message is confirmed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterToProducerController:
+    """Connect from the consumer side: the consumer controller sends `RegisterConsumer`
+    to ``producer_controller``, and repeats it until that producer controller's first
+    message arrives."""
+
+    producer_controller: Ref

@@ -1,0 +1,279 @@
+"""`Producer`: reliable sending for code that is not an actor.
+
+The handle runs a `ProducerCore` inline in the caller's thread: `send` numbers the message
+and tells it straight to the consumer side, with no thread hop. What the consumer side
+sends back (`Request`, `Resend`, `Ack`, `RegisterConsumer`) and timer firings arrive on
+other threads; they are queued and processed by whichever thread next holds the handle's
+lock — the arriving thread itself when the application is not inside a call (so an idle
+producer still answers resends), otherwise the application's thread before it returns.
+Nobody ever blocks waiting for that lock except the application's own calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.actors.messages import Ref, RegisterConsumer, RequestNext
+from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
+from pykka_delivery.actors.settings import ProducerControllerSettings
+from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
+from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
+from pykka_delivery.protocol.serialization import Serialization
+
+__all__ = ["Producer"]
+
+logger = logging.getLogger("pykka_delivery.producer")
+
+
+class _Endpoint:
+    """The producer's address for the consumer side: queue, then process if free."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+
+    def __repr__(self) -> str:
+        return f"Producer({self._producer.producer_id!r})"
+
+    def tell(self, message: Any) -> None:
+        self._producer._inbound(message)
+
+
+class _ReplySlot:
+    """``reply_to`` of a `send_and_confirm`: the seq_nr lands here."""
+
+    __slots__ = ("seq_nr",)
+
+    def __init__(self) -> None:
+        self.seq_nr: int | None = None
+
+    def tell(self, message: Any) -> None:
+        self.seq_nr = message
+
+
+class _Ignore:
+    """The core's "producer": the handle reads demand from the core, not from RequestNext."""
+
+    __slots__ = ()
+
+    def tell(self, message: Any) -> None:
+        pass
+
+
+class Producer:
+    """Sends messages reliably to one consumer, one `send` at a time.
+
+    Args:
+        producer_id: identifies the stream.
+        settings: see `ProducerControllerSettings`.
+        serialization: for chunking; default `default_serialization`.
+        timer_service: default: the process-wide one.
+
+    Connect it with `register_consumer` (or let a consumer register with
+    ``consumer.register_to(producer.ref)``). Thread-safe, but meant for one sending thread.
+    """
+
+    def __init__(
+        self,
+        producer_id: str,
+        settings: ProducerControllerSettings | None = None,
+        *,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+    ) -> None:
+        self.producer_id = producer_id
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._inbox: deque[Any] = deque()
+        self._endpoint = _Endpoint(self)
+        self._ignore = _Ignore()
+        self._closed = False
+        self._timers = Timers(self._endpoint.tell, timer_service)
+        self._core = ProducerCore(
+            producer_id, self._endpoint, self._ignore, settings, serialization
+        )
+        with self._lock:
+            self._run(self._core.on_start(self._ignore))
+
+    @property
+    def ref(self) -> Ref:
+        """Where the consumer side reaches this producer (its "producer controller")."""
+        return self._endpoint
+
+    def register_consumer(self, consumer_controller: Ref) -> None:
+        """Deliver to ``consumer_controller`` (a `Consumer`'s ref, a consumer controller
+        actor, or a remote reference). A later call moves the stream to another consumer,
+        resending what is unconfirmed."""
+        self._inbound(RegisterConsumer(consumer_controller))
+
+    def send(self, message: Any, timeout: float | None = None) -> int:
+        """Send ``message`` once the consumer has room for it; returns its seq_nr.
+
+        Raises:
+            DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
+            ClosedError: the producer was closed.
+        """
+        with self._lock:
+            self._wait_for(self._has_demand, timeout, "demand to send")
+            self._run(self._core.on_msg(message))
+            seq_nr = self._core.current_seq_nr - 1
+        self._after_release()
+        return seq_nr
+
+    def send_nowait(self, message: Any) -> int:
+        """Send ``message`` if the consumer has room for it now; returns its seq_nr.
+
+        Raises:
+            WouldBlock: no demand at the moment (nothing was sent).
+        """
+        with self._lock:
+            self._check_open()
+            self._drain()
+            if not self._core.has_demand:
+                msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
+                raise WouldBlock(msg)
+            self._run(self._core.on_msg(message))
+            seq_nr = self._core.current_seq_nr - 1
+        self._after_release()
+        return seq_nr
+
+    def send_and_confirm(self, message: Any, timeout: float | None = None) -> int:
+        """Send ``message`` and wait until the consumer confirmed it; returns its seq_nr.
+
+        Raises:
+            DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
+                was sent, it stays in the stream and will still be delivered).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slot = _ReplySlot()
+        with self._lock:
+            self._wait_for(self._has_demand, timeout, "demand to send")
+            self._run(self._core.on_msg(message, slot))
+            self._wait_for(
+                lambda: slot.seq_nr is not None,
+                None if deadline is None else deadline - time.monotonic(),
+                f"confirmation of seq_nr {self._core.current_seq_nr - 1}",
+            )
+        self._after_release()
+        assert slot.seq_nr is not None
+        return slot.seq_nr
+
+    def wait_confirmed(self, timeout: float | None = None) -> None:
+        """Block until every message sent so far is confirmed by the consumer.
+
+        Raises:
+            DeliveryTimeout: some are still unconfirmed after ``timeout`` seconds.
+        """
+        with self._lock:
+            self._wait_for(self._all_confirmed, timeout, "confirmation of every message")
+        self._after_release()
+
+    def close(self) -> None:
+        """Stop the timers and refuse further sends. Unconfirmed messages are not resent
+        any more (close after `wait_confirmed` to be sure nothing is lost)."""
+        with self._lock:
+            self._closed = True
+            self._timers.cancel_all()
+            self._changed.notify_all()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def snapshot(self) -> ProducerSnapshot:
+        with self._lock:
+            return self._core.snapshot()
+
+    def statistics(self) -> ProducerStats:
+        with self._lock:
+            return self._core.statistics()
+
+    # --- internals (call with the lock held unless said otherwise) --------------------
+
+    def _has_demand(self) -> bool:
+        return self._core.has_demand
+
+    def _all_confirmed(self) -> bool:
+        core = self._core
+        return core.confirmed_seq_nr >= core.current_seq_nr - 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"Producer {self.producer_id!r} is closed"
+            raise ClosedError(msg)
+
+    def _wait_for(self, ready: Any, timeout: float | None, what: str) -> None:
+        self._check_open()
+        self._drain()
+        if ready():
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            if deadline is None:
+                self._changed.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
+                    raise DeliveryTimeout(msg)
+                self._changed.wait(remaining)
+            self._check_open()
+            self._drain()
+
+    def _inbound(self, message: Any) -> None:
+        """Called on any thread. Queue first, then process if nobody holds the lock."""
+        self._inbox.append(message)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+            self._after_release()
+
+    def _after_release(self) -> None:
+        # A message queued while we held the lock found it taken and left it to us.
+        while self._inbox and self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def _drain(self) -> None:
+        inbox = self._inbox
+        if not inbox:
+            return
+        core = self._core
+        while inbox:
+            message = inbox.popleft()
+            if type(message) is TimerFired:
+                if self._closed or not self._timers.accept(message):
+                    continue
+                self._run(core.on_timer(message.key))
+            else:
+                try:
+                    effects = core.receive(message)
+                except LocalProtocolError as error:
+                    logger.error("%s", error)
+                    continue
+                self._run(effects)
+        self._changed.notify_all()
+
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if type(effect) is Send:
+                message = effect.message
+                if type(message) is not RequestNext:  # demand is read from the core
+                    effect.to.tell(message)
+            elif type(effect) is StartTimer:
+                if not self._closed:
+                    self._timers.start(effect.key, effect.interval)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(effect.key)
