@@ -430,4 +430,3 @@ def test_sending_without_demand_is_refused_and_leaves_state_unchanged() -> None:
 def test_request_confirming_above_its_up_to_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="confirmed_seq_nr 5 is above request_up_to_seq_nr 4"):
         Request(5, 4)
-

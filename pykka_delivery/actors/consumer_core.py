@@ -23,7 +23,9 @@ Theory of operation (a port of Pekko's ``ConsumerControllerImpl``; names kept):
 Decision where we differ from the original (docs/decisions.md, P1): the half-window rule
 fires when *at most* half the window is left and moves by ``max(1, window // 2)``, and the
 first confirmation always opens at least one seq_nr, so windows of 1 and 2 flow instead of
-stalling. For windows of 3 and more the Requests are exactly Akka's.
+stalling. For windows of 3 and more, and without gaps, the Requests are exactly Akka's. In
+only-flow-control mode a gap can carry a confirmed seq_nr past the requested one; we then
+ask for more at once (Akka waits for its retry timer).
 
 Only this module assigns the core's fields (see producer_core.py for why they are mutable).
 """

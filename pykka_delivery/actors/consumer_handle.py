@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
@@ -89,6 +89,8 @@ class Consumer:
         settings: see `ConsumerControllerSettings`.
         serialization: for chunked messages; default `default_serialization`.
         timer_service: default: the process-wide one.
+        self_ref_factory: builds the ref the other side uses to reach this handle from
+            its local endpoint (a transport's remote address, or a fault injector in tests).
 
     Connect it with `register_to` (or let a producer call ``register_consumer(consumer.ref)``).
     Retries on silence are sent while the application waits in `receive`.
@@ -100,6 +102,7 @@ class Consumer:
         *,
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
+        self_ref_factory: Callable[[Ref], Ref] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -108,9 +111,12 @@ class Consumer:
         self._closed = False
         self._outstanding: Delivery | None = None
         self._endpoint = _Endpoint(self)
+        self._self_ref: Ref = (
+            self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
+        )
         self._ready = _Ready()
         self._timers = Timers(self._endpoint.tell, timer_service)
-        self._core = ConsumerCore(self._endpoint, settings, serialization, _ConfirmTo(self))
+        self._core = ConsumerCore(self._self_ref, settings, serialization, _ConfirmTo(self))
         with self._lock:
             self._run(self._core.on_spawned())
             self._run(self._core.on_start(self._ready))
@@ -118,7 +124,7 @@ class Consumer:
     @property
     def ref(self) -> Ref:
         """Where the producer side sends to (this consumer's "consumer controller")."""
-        return self._endpoint
+        return self._self_ref
 
     def register_to(self, producer_controller: Ref) -> None:
         """Connect to ``producer_controller`` (a `Producer`'s ref, a producer controller

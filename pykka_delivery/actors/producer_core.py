@@ -120,10 +120,14 @@ class ProducerCore:
             message into `SendNext` for this controller.
         settings: see `ProducerControllerSettings`.
         serialization: used to serialize payloads when chunking is on.
+        announce_demand: send `RequestNext` to the producer (True, the actor protocol).
+            An owner that polls `has_demand` instead (the `Producer` handle) passes False
+            and saves building a `RequestNext` per message.
     """
 
     __slots__ = (
         "_acks",
+        "_announce",
         "_chunk_size",
         "_handlers",
         "_rejected",
@@ -157,8 +161,11 @@ class ProducerCore:
         send_next_to: Ref,
         settings: ProducerControllerSettings | None = None,
         serialization: Serialization | None = None,
+        *,
+        announce_demand: bool = True,
     ) -> None:
         self.producer_id = producer_id
+        self._announce = announce_demand
         self.self_ref = self_ref
         self.send_next_to = send_next_to
         self.settings = settings or ProducerControllerSettings()

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
@@ -74,6 +75,8 @@ class Producer:
         settings: see `ProducerControllerSettings`.
         serialization: for chunking; default `default_serialization`.
         timer_service: default: the process-wide one.
+        self_ref_factory: builds the ref the other side uses to reach this handle from
+            its local endpoint (a transport's remote address, or a fault injector in tests).
 
     Connect it with `register_consumer` (or let a consumer register with
     ``consumer.register_to(producer.ref)``). Thread-safe, but meant for one sending thread.
@@ -86,12 +89,16 @@ class Producer:
         *,
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
+        self_ref_factory: Callable[[Ref], Ref] | None = None,
     ) -> None:
         self.producer_id = producer_id
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._inbox: deque[Any] = deque()
         self._endpoint = _Endpoint(self)
+        self._self_ref: Ref = (
+            self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
+        )
         self._ignore = _Ignore()
         self._closed = False
         self._timers = Timers(self._endpoint.tell, timer_service)
@@ -104,7 +111,7 @@ class Producer:
     @property
     def ref(self) -> Ref:
         """Where the consumer side reaches this producer (its "producer controller")."""
-        return self._endpoint
+        return self._self_ref
 
     def register_consumer(self, consumer_controller: Ref) -> None:
         """Deliver to ``consumer_controller`` (a `Consumer`'s ref, a consumer controller
