@@ -152,7 +152,9 @@ def main() -> None:
         figures["handle"].append(handles(n * 5))
     median = {name: statistics.median(values) for name, values in figures.items()}
     ceiling = median["pykka_pingpong"]
-    print(f"python {platform.python_version()}, pykka {importlib.metadata.version('pykka')}, window {WINDOW}")
+    print(
+        f"python {platform.python_version()}, pykka {importlib.metadata.version('pykka')}, window {WINDOW}"
+    )
     print(f"{'route':<16}{'msgs/s (median)':>18}{'x ceiling':>12}   runs")
     for name, value in median.items():
         runs = ", ".join(f"{v:,.0f}" for v in figures[name])

@@ -247,11 +247,14 @@ def test_retry_timer_repeats_request_with_backoff() -> None:
     open_session(rig)
     rig.deliver_and_confirm(2)
 
+    # P6 (ours): a retry needs a whole silent tick interval; the first tick saw messages.
+    rig.clock.advance(1.0)
+    rig.pc.expect_no_message()
     rig.clock.advance(1.0)
 
     rig.pc.expect(Request(2, 20, True, True))
     assert rig.snapshot().retry_interval == 1.5
-    # A message resets the backoff to the minimum.
+    # A message resets the backoff to the minimum, restarting the interval at that moment.
     rig.deliver_and_confirm(3)
     rig.clock.advance(1.0)
     rig.pc.expect(Request(3, 20, True, True))

@@ -27,6 +27,11 @@ stalling. For windows of 3 and more, and without gaps, the Requests are exactly 
 only-flow-control mode a gap can carry a confirmed seq_nr past the requested one; we then
 ask for more at once (Akka waits for its retry timer).
 
+P6, also ours: the retry timer ticks at a fixed rate, and Akka retries on every tick it
+meets in the active phase, so while messages flow it still makes the producer resend its
+whole window every ``resend_interval_min``. We retry only after a tick interval in which no
+`SequencedMessage` arrived, so a retry comes one to two intervals after the flow stops.
+
 Only this module assigns the core's fields (see producer_core.py for why they are mutable).
 """
 
@@ -135,6 +140,7 @@ class ConsumerCore:
         "_duplicates",
         "_gaps",
         "_half",
+        "_heard",
         "_handlers",
         "_retries",
         "_retry_interval",
@@ -185,6 +191,7 @@ class ConsumerCore:
         self.stopping = False
         self.current: SequencedMessage | None = None  # the delivery awaiting confirmation
         self._retry_interval = settings.resend_interval_min
+        self._heard = False  # a SequencedMessage arrived since the last retry tick
         self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
         self._dropped = self._retries = 0
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
@@ -272,6 +279,7 @@ class ConsumerCore:
         """A `SequencedMessage` arrived from a producer controller."""
         phase = self.phase
         effects: list[Effect] = []
+        self._heard = True
         if phase is ConsumerPhase.ACTIVE:
             if self._retry_interval != self.settings.resend_interval_min:
                 self._restart_retry(effects)  # Akka's retryTimer.reset()
@@ -403,6 +411,10 @@ class ConsumerCore:
             return effects
         if phase not in (ConsumerPhase.ACTIVE, ConsumerPhase.RESENDING):
             return effects  # no retries while a delivery awaits confirmation
+        if phase is ConsumerPhase.ACTIVE and self._heard and self.registering is None:
+            # P6: messages are flowing, nothing to retry (Akka retries on every tick).
+            self._heard = False
+            return effects
         self._retries += 1
         # Back off: ×1.5 up to the maximum; restart the timer only if the interval changed.
         interval = min(self.settings.resend_interval_max, self._retry_interval * 1.5)
@@ -612,6 +624,7 @@ class ConsumerCore:
 
     def _restart_retry(self, effects: list[Effect]) -> None:
         self._retry_interval = self.settings.resend_interval_min
+        self._heard = False  # the new interval starts now
         effects.append(StartTimer(RETRY, self._retry_interval))
 
     def _stop(self, effects: list[Effect]) -> None:
