@@ -17,8 +17,8 @@ Usage: python bench/p2p_local.py [--messages N] [--runs R]
 from __future__ import annotations
 
 import argparse
-import json
 import importlib.metadata
+import json
 import platform
 import statistics
 import threading
@@ -152,9 +152,8 @@ def main() -> None:
         figures["handle"].append(handles(n * 5))
     median = {name: statistics.median(values) for name, values in figures.items()}
     ceiling = median["pykka_pingpong"]
-    print(
-        f"python {platform.python_version()}, pykka {importlib.metadata.version('pykka')}, window {WINDOW}"
-    )
+    versions = f"python {platform.python_version()}, pykka {importlib.metadata.version('pykka')}"
+    print(f"{versions}, window {WINDOW}")
     print(f"{'route':<16}{'msgs/s (median)':>18}{'x ceiling':>12}   runs")
     for name, value in median.items():
         runs = ", ".join(f"{v:,.0f}" for v in figures[name])
