@@ -560,6 +560,26 @@ def test_only_flow_control_delivers_across_gaps() -> None:
 # --- deliberate divergences from Akka ----------------------------------------------------
 
 
+def test_only_flow_control_drops_a_chunked_message_with_a_lost_piece() -> None:
+    # Akka splices the pieces around the gap into a payload that was never sent (found by
+    # test_protocol_random.py). We drop the broken message and deliver the next whole one.
+    settings = ConsumerControllerSettings(
+        flow_control_window=20, resend_interval_min=1.0, only_flow_control=True
+    )
+    rig = start(settings)
+    broken = chunked("abc", 1, rig.pc)
+    whole = chunked("de", 4, rig.pc)
+
+    for piece in (broken[0], broken[2], *whole):  # piece 2 ("b") was lost
+        rig.feed(piece)
+
+    rig.expect_delivery(5, "de")
+    rig.consumer.expect_no_message()
+    assert rig.snapshot().collected_chunks == ()
+    assert rig.core.statistics().dropped == 2  # "a" collected, then "c" after the gap
+
+
+
 def test_graceful_stop_sends_a_single_ack_of_the_last_confirmed() -> None:
     # Akka sends Ack(4) from PostStop (its state there predates the last confirmation) and
     # Ack(5) from the stop callback. We send the last confirmed seq_nr once.

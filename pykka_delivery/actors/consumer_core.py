@@ -547,27 +547,23 @@ class ConsumerCore:
         """Hand a message to the consumer, or collect it if it is a chunk."""
         message = msg.message
         if type(message) is ChunkedMessage:
+            collected = self.collected_chunks
             if message.first_chunk:
-                self.collected_chunks = []
+                collected.clear()
+            elif not collected or collected[-1].seq_nr != msg.seq_nr - 1:
+                # Only-flow-control mode accepted a gap inside a chunked message: it cannot be
+                # assembled, so it is lost (Akka would splice the pieces around the gap).
+                self._dropped += 1 + len(collected)
+                logger.debug(
+                    "Received chunk seq_nr %d after a lost chunk, discarding the message",
+                    msg.seq_nr,
+                )
+                collected.clear()
+                self._collecting(msg, effects)
+                return
             if not message.last_chunk:
-                self.collected_chunks.append(msg)
-                self.phase = ConsumerPhase.ACTIVE  # also ends RESENDING: the gap is filled
-                if self.requested_seq_nr - msg.seq_nr <= self._half:
-                    # Keep the window moving while a large message is being collected.
-                    self.requested_seq_nr = max(self.requested_seq_nr, msg.seq_nr) + self._half
-                    assert self.producer_controller is not None
-                    effects.append(
-                        Send(
-                            self.producer_controller,
-                            Request(
-                                self.confirmed_seq_nr,
-                                self.requested_seq_nr,
-                                self.resend_lost,
-                                False,
-                            ),
-                        )
-                    )
-                    self._restart_retry(effects)
+                collected.append(msg)
+                self._collecting(msg, effects)
                 return
             chunks = [*self.collected_chunks, msg]
             self.collected_chunks = []
@@ -585,6 +581,20 @@ class ConsumerCore:
         self._delivered += 1
         assert self.consumer is not None
         effects.append(Send(self.consumer, self._delivery(msg)))
+
+    def _collecting(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        """A chunk was taken without a delivery: keep the window moving meanwhile."""
+        self.phase = ConsumerPhase.ACTIVE  # also ends RESENDING: the gap is filled
+        if self.requested_seq_nr - msg.seq_nr <= self._half:
+            self.requested_seq_nr = max(self.requested_seq_nr, msg.seq_nr) + self._half
+            assert self.producer_controller is not None
+            effects.append(
+                Send(
+                    self.producer_controller,
+                    Request(self.confirmed_seq_nr, self.requested_seq_nr, self.resend_lost, False),
+                )
+            )
+            self._restart_retry(effects)
 
     def _delivery(self, msg: SequencedMessage) -> Delivery:
         return Delivery(msg.message, self.confirm_to, msg.producer_id, msg.seq_nr)
