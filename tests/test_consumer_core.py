@@ -579,7 +579,6 @@ def test_only_flow_control_drops_a_chunked_message_with_a_lost_piece() -> None:
     assert rig.core.statistics().dropped == 2  # "a" collected, then "c" after the gap
 
 
-
 def test_graceful_stop_sends_a_single_ack_of_the_last_confirmed() -> None:
     # Akka sends Ack(4) from PostStop (its state there predates the last confirmation) and
     # Ack(5) from the stop callback. We send the last confirmed seq_nr once.
