@@ -17,6 +17,7 @@ ref), and then stops too, as Akka's does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -37,6 +38,11 @@ from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = ["ConsumerController"]
+
+
+@dataclass(frozen=True, slots=True)
+class _ConsumerGone:
+    """The consumer actor stopped (found by the retry tick)."""
 
 
 class ConsumerController(ControllerActor):
@@ -79,9 +85,19 @@ class ConsumerController(ControllerActor):
     def _core_receive(self, message: Any) -> list[Effect]:
         return self.core.receive(message)
 
+    def on_receive(self, message: Any) -> None:
+        if type(message) is _ConsumerGone:
+            self._run(self.core.on_consumer_terminated())
+        else:
+            super().on_receive(message)
+
     def _core_timer(self, key: str) -> list[Effect]:
         if key == RETRY and self._consumer_is_gone():
-            return self.core.on_consumer_terminated()
+            # Not at once: a Confirmed the consumer sent before it stopped may still be
+            # queued behind this tick; our own message goes behind it (Akka's Terminated
+            # likewise arrives after everything the consumer sent).
+            self.actor_ref.tell(_ConsumerGone())
+            return []
         return self.core.on_timer(key)
 
     def _consumer_is_gone(self) -> bool:

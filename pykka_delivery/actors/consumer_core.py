@@ -284,7 +284,8 @@ class ConsumerCore:
             if self._retry_interval != self.settings.resend_interval_min:
                 self._restart_retry(effects)  # Akka's retryTimer.reset()
             self._active(msg, effects)
-            self._unstash(effects)
+            if self.stash or self.stopping:
+                self._unstash(effects)
         elif phase is ConsumerPhase.WAITING_FOR_CONFIRMATION:
             self._stash_while_waiting(msg)
         elif phase is ConsumerPhase.RESENDING:
@@ -340,7 +341,8 @@ class ConsumerCore:
             self._stop(effects)
             return effects
         self.phase = ConsumerPhase.ACTIVE
-        self._unstash(effects)
+        if self.stash:
+            self._unstash(effects)
         return effects
 
     def on_register_to(self, producer_controller: Ref) -> list[Effect]:

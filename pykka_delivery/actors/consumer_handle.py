@@ -140,9 +140,13 @@ class Consumer:
             ClosedError: the consumer was closed, or stopped after `deliver_then_stop`.
             LocalProtocolError: the previous delivery is not confirmed yet.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            self._check_can_receive()
+            if self._closed or self._outstanding is not None:
+                self._check_can_receive()
+            delivery = self._next_ready()
+            if delivery is not None:
+                return delivery
+            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 delivery = self._next_ready()
                 if delivery is not None:

@@ -127,10 +127,13 @@ class Producer:
             ClosedError: the producer was closed.
         """
         with self._lock:
-            self._wait_for(self._has_demand, timeout, "demand to send")
-            self._run(self._core.on_msg(message))
-            seq_nr = self._core.current_seq_nr - 1
-        self._after_release()
+            core = self._core
+            if self._inbox or self._closed or not core.has_demand:
+                self._wait_for(self._has_demand, timeout, "demand to send")
+            self._run(core.on_msg(message))
+            seq_nr = core.current_seq_nr - 1
+        if self._inbox:
+            self._after_release()
         return seq_nr
 
     def send_nowait(self, message: Any) -> int:

@@ -1,0 +1,15 @@
+"""Fixtures shared by every test module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pykka
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def stop_all_actors() -> Iterator[None]:
+    """Stop every pykka actor a test started, so none leaks into the next test."""
+    yield
+    pykka.ActorRegistry.stop_all(block=True, timeout=5)
