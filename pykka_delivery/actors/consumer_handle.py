@@ -53,7 +53,8 @@ class _Endpoint:
 
 
 class _ConfirmTo:
-    """``Delivery.confirm_to``: confirming is a direct call, on any thread."""
+    """``Delivery.confirm_to`` of one delivery: confirming is a direct call, on any thread,
+    and a second confirmation of the same delivery is told apart from the next one's."""
 
     __slots__ = ("_consumer",)
 
@@ -61,7 +62,7 @@ class _ConfirmTo:
         self._consumer = consumer
 
     def tell(self, message: Any) -> None:
-        self._consumer._confirm()
+        self._consumer._confirm(self)
 
 
 class _Ready:
@@ -110,13 +111,15 @@ class Consumer:
         self._waiting = False
         self._closed = False
         self._outstanding: Delivery | None = None
+        self._outbox: list[tuple[Ref, Any]] = []  # told only after the lock is released
         self._endpoint = _Endpoint(self)
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
         self._ready = _Ready()
         self._timers = Timers(self._endpoint.tell, timer_service)
-        self._core = ConsumerCore(self._self_ref, settings, serialization, _ConfirmTo(self))
+        # The core's confirm_to is never used: each delivery gets its own (see _next_ready).
+        self._core = ConsumerCore(self._self_ref, settings, serialization, self._endpoint)
         with self._lock:
             self._run(self._core.on_spawned())
             self._run(self._core.on_start(self._ready))
@@ -130,7 +133,10 @@ class Consumer:
         """Connect to ``producer_controller`` (a `Producer`'s ref, a producer controller
         actor, or a remote reference); repeated until its first message arrives."""
         with self._lock:
+            self._check_open()
             self._run(self._core.on_register_to(producer_controller))
+            sends = self._take_outbox()
+        _tell_all(sends)
 
     def receive(self, timeout: float | None = None) -> Delivery:
         """The next delivery, waiting for it if needed. Confirm it before the next call.
@@ -140,35 +146,23 @@ class Consumer:
             ClosedError: the consumer was closed, or stopped after `deliver_then_stop`.
             LocalProtocolError: the previous delivery is not confirmed yet.
         """
-        with self._lock:
-            if self._closed or self._outstanding is not None:
-                self._check_can_receive()
-            delivery = self._next_ready()
+        deadline = None
+        while True:
+            with self._lock:
+                if self._closed or self._outstanding is not None:
+                    self._check_can_receive()
+                delivery = self._next_ready()
+                if delivery is None and not self._outbox:
+                    if self._core.is_stopped:
+                        msg = "Consumer stopped after delivering every message (deliver_then_stop)"
+                        raise ClosedError(msg)
+                    if deadline is None and timeout is not None:
+                        deadline = time.monotonic() + timeout
+                    self._wait(deadline, timeout)
+                sends = self._take_outbox()
+            _tell_all(sends)
             if delivery is not None:
                 return delivery
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                delivery = self._next_ready()
-                if delivery is not None:
-                    return delivery
-                if self._core.is_stopped:
-                    msg = "Consumer stopped after delivering every message (deliver_then_stop)"
-                    raise ClosedError(msg)
-                self._waiting = True
-                try:
-                    if self._inbox:
-                        continue
-                    if deadline is None:
-                        self._arrived.wait()
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            msg = f"Consumer: nothing delivered within {timeout} s"
-                            raise DeliveryTimeout(msg)
-                        self._arrived.wait(remaining)
-                finally:
-                    self._waiting = False
-                self._check_open()
 
     def receive_nowait(self) -> Delivery:
         """The next delivery if one is here already.
@@ -179,6 +173,8 @@ class Consumer:
         with self._lock:
             self._check_can_receive()
             delivery = self._next_ready()
+            sends = self._take_outbox()
+        _tell_all(sends)
         if delivery is None:
             msg = "Consumer has no delivery ready"
             raise WouldBlock(msg)
@@ -196,8 +192,14 @@ class Consumer:
         """Stop once every message received so far is delivered and confirmed; iteration
         then ends."""
         with self._lock:
+            self._check_open()
+            # What already arrived counts as received: take it into the core first.
+            while self._inbox:
+                self._feed(self._inbox.popleft())
             self._run(self._core.on_deliver_then_stop())
             self._arrived.notify_all()
+            sends = self._take_outbox()
+        _tell_all(sends)
 
     def close(self) -> None:
         """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
@@ -209,6 +211,8 @@ class Consumer:
             self._run(self._core.on_stopped())
             self._timers.cancel_all()
             self._arrived.notify_all()
+            sends = self._take_outbox()
+        _tell_all(sends)
 
     def __enter__(self) -> Consumer:
         return self
@@ -240,42 +244,87 @@ class Consumer:
             )
             raise LocalProtocolError(msg)
 
+    def _wait(self, deadline: float | None, timeout: float | None) -> None:
+        """Wait for the inbox to fill. Announce the wait first, then look once more: a
+        message appended after that look finds ``_waiting`` set and notifies us."""
+        self._waiting = True
+        try:
+            if self._inbox:
+                return
+            if deadline is None:
+                self._arrived.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    msg = f"Consumer: nothing delivered within {timeout} s"
+                    raise DeliveryTimeout(msg)
+                self._arrived.wait(remaining)
+        finally:
+            self._waiting = False
+        self._check_open()
+
+    def _feed(self, message: Any) -> None:
+        if type(message) is SequencedMessage:
+            self._run(self._core.on_sequenced(message))
+        elif type(message) is TimerFired:
+            if self._timers.accept(message):
+                self._run(self._core.on_timer(message.key))
+        else:
+            logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
+
     def _next_ready(self) -> Delivery | None:
         """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
         ready = self._ready.deliveries
         inbox = self._inbox
-        core = self._core
         while not ready and inbox:
-            message = inbox.popleft()
-            if type(message) is SequencedMessage:
-                self._run(core.on_sequenced(message))
-            elif type(message) is TimerFired:
-                if self._timers.accept(message):
-                    self._run(core.on_timer(message.key))
-            else:
-                logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
+            self._feed(inbox.popleft())
         if not ready:
             return None
-        delivery = ready.popleft()
+        core_delivery = ready.popleft()
+        delivery = Delivery(
+            core_delivery.message, _ConfirmTo(self), core_delivery.producer_id, core_delivery.seq_nr
+        )
         self._outstanding = delivery
         return delivery
 
-    def _confirm(self) -> None:
+    def _confirm(self, confirm_to: _ConfirmTo) -> None:
         with self._lock:
-            if self._outstanding is None:
-                msg = "Consumer: confirm() with no delivery outstanding: confirm each delivery once"
+            self._check_open()
+            outstanding = self._outstanding
+            if outstanding is None or outstanding.confirm_to is not confirm_to:
+                msg = (
+                    "Consumer: confirm() of a delivery that is not the outstanding one "
+                    "(already confirmed?): confirm each delivery once"
+                )
                 raise LocalProtocolError(msg)
             self._outstanding = None
-            if not self._closed:
-                self._run(self._core.on_confirmed())
+            self._run(self._core.on_confirmed())
+            sends = self._take_outbox()
+        _tell_all(sends)
+
+    def _take_outbox(self) -> list[tuple[Ref, Any]]:
+        sends = self._outbox
+        if sends:
+            self._outbox = []
+        return sends
 
     def _run(self, effects: list[Effect]) -> None:
         for effect in effects:
             if type(effect) is Send:
-                effect.to.tell(effect.message)
+                if effect.to is self._ready:
+                    self._ready.deliveries.append(effect.message)
+                else:
+                    self._outbox.append((effect.to, effect.message))
             elif type(effect) is StartTimer:
                 self._timers.start(effect.key, effect.interval)
             elif type(effect) is CancelTimer:
                 self._timers.cancel(effect.key)
             elif type(effect) is Stop:
                 self._timers.cancel_all()
+
+
+def _tell_all(sends: list[tuple[Ref, Any]]) -> None:
+    """Tell what the core sent, outside the lock: a producer answering at once on this
+    thread must find our lock free."""
+    for to, message in sends:
+        to.tell(message)

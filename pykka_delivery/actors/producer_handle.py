@@ -101,9 +101,15 @@ class Producer:
         )
         self._ignore = _Ignore()
         self._closed = False
+        self._sleeping = False  # the lock holder is about to wait for a change
         self._timers = Timers(self._endpoint.tell, timer_service)
         self._core = ProducerCore(
-            producer_id, self._endpoint, self._ignore, settings, serialization
+            producer_id,
+            self._self_ref,
+            self._ignore,
+            settings,
+            serialization,
+            announce_demand=False,  # demand is read from the core (has_demand)
         )
         with self._lock:
             self._run(self._core.on_start(self._ignore))
@@ -117,6 +123,8 @@ class Producer:
         """Deliver to ``consumer_controller`` (a `Consumer`'s ref, a consumer controller
         actor, or a remote reference). A later call moves the stream to another consumer,
         resending what is unconfirmed."""
+        with self._lock:
+            self._check_open()
         self._inbound(RegisterConsumer(consumer_controller))
 
     def send(self, message: Any, timeout: float | None = None) -> int:
@@ -131,7 +139,7 @@ class Producer:
             if self._inbox or self._closed or not core.has_demand:
                 self._wait_for(self._has_demand, timeout, "demand to send")
             self._run(core.on_msg(message))
-            seq_nr = core.current_seq_nr - 1
+            seq_nr = self._last_seq_nr()
         if self._inbox:
             self._after_release()
         return seq_nr
@@ -149,7 +157,7 @@ class Producer:
                 msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
                 raise WouldBlock(msg)
             self._run(self._core.on_msg(message))
-            seq_nr = self._core.current_seq_nr - 1
+            seq_nr = self._last_seq_nr()
         self._after_release()
         return seq_nr
 
@@ -168,7 +176,7 @@ class Producer:
             self._wait_for(
                 lambda: slot.seq_nr is not None,
                 None if deadline is None else deadline - time.monotonic(),
-                f"confirmation of seq_nr {self._core.current_seq_nr - 1}",
+                f"confirmation of seq_nr {self._last_seq_nr()}",
             )
         self._after_release()
         assert slot.seq_nr is not None
@@ -185,8 +193,9 @@ class Producer:
         self._after_release()
 
     def close(self) -> None:
-        """Stop the timers and refuse further sends. Unconfirmed messages are not resent
-        any more (close after `wait_confirmed` to be sure nothing is lost)."""
+        """Stop the timers, refuse further sends and ignore the consumer side from now on:
+        unconfirmed messages are not resent any more (close after `wait_confirmed` to be
+        sure nothing is lost)."""
         with self._lock:
             self._closed = True
             self._timers.cancel_all()
@@ -208,6 +217,13 @@ class Producer:
 
     # --- internals (call with the lock held unless said otherwise) --------------------
 
+    def _last_seq_nr(self) -> int:
+        """The seq_nr of the message just sent: that of its last chunk, sent or not."""
+        core = self._core
+        return (
+            core.remaining_chunks[-1].seq_nr if core.remaining_chunks else core.current_seq_nr - 1
+        )
+
     def _has_demand(self) -> bool:
         return self._core.has_demand
 
@@ -227,14 +243,24 @@ class Producer:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not ready():
-            if deadline is None:
-                self._changed.wait()
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
-                    raise DeliveryTimeout(msg)
-                self._changed.wait(remaining)
+            # Announce the wait, then look at the inbox once more: a message queued after
+            # our last drain either shows up here, or its sender sees `_sleeping` and
+            # waits for the lock to wake us (see `_inbound`).
+            self._sleeping = True
+            try:
+                if self._inbox:
+                    self._drain()
+                    continue
+                if deadline is None:
+                    self._changed.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
+                        raise DeliveryTimeout(msg)
+                    self._changed.wait(remaining)
+            finally:
+                self._sleeping = False
             self._check_open()
             self._drain()
 
@@ -247,6 +273,11 @@ class Producer:
             finally:
                 self._lock.release()
             self._after_release()
+        elif self._sleeping:
+            # The holder is between its last look at the inbox and its wait: it releases
+            # the lock in a moment, and must be woken.
+            with self._lock:
+                self._drain()
 
     def _after_release(self) -> None:
         # A message queued while we held the lock found it taken and left it to us.
@@ -259,6 +290,9 @@ class Producer:
     def _drain(self) -> None:
         inbox = self._inbox
         if not inbox:
+            return
+        if self._closed:
+            inbox.clear()  # closed: the consumer side is ignored
             return
         core = self._core
         while inbox:
