@@ -560,6 +560,23 @@ def test_only_flow_control_delivers_across_gaps() -> None:
 # --- deliberate divergences from Akka ----------------------------------------------------
 
 
+def test_only_flow_control_asks_for_more_at_once_when_a_gap_passes_the_window() -> None:
+    # Akka sends nothing here (requested - seq_nr is negative, never window / 2) and waits
+    # for its retry timer; we ask for half a window beyond the confirmed seq_nr.
+    settings = ConsumerControllerSettings(
+        flow_control_window=20, resend_interval_min=1.0, only_flow_control=True
+    )
+    rig = start(settings)
+    rig.deliver_and_confirm(1)
+    rig.pc.drain()
+
+    rig.send(35)  # 2..34 lost, beyond the requested 20
+    rig.expect_delivery(35)
+    rig.confirm()
+
+    rig.pc.expect(Request(35, 45, False, False))
+
+
 def test_only_flow_control_drops_a_chunked_message_with_a_lost_piece() -> None:
     # Akka splices the pieces around the gap into a payload that was never sent (found by
     # test_protocol_random.py). We drop the broken message and deliver the next whole one.
