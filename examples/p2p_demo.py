@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,22 @@ class Report:
         )
 
 
+def lossy_factory(
+    faults: list[LossyRef], drop: float, seed: int
+) -> Callable[[tuple[type, ...], int], Callable[[Any], LossyRef]]:
+    """``lossy(types, salt)`` makes a ``self_ref_factory`` that puts a `LossyRef` dropping
+    ``types`` in front of a controller or handle, and records it in ``faults``."""
+
+    def lossy(types: tuple[type, ...], salt: int) -> Callable[[Any], LossyRef]:
+        def factory(ref: Any) -> LossyRef:
+            faults.append(LossyRef(ref, drop=drop, types=types, seed=seed + salt))
+            return faults[-1]
+
+        return factory
+
+    return lossy
+
+
 def consumer_settings(window: int) -> ConsumerControllerSettings:
     return ConsumerControllerSettings(
         flow_control_window=window, resend_interval_min=0.01, resend_interval_max=0.5
@@ -97,14 +114,7 @@ class Recorder(pykka.ThreadingActor):
 
 def through_actors(count: int, drop: float, window: int, seed: int, timeout: float) -> Report:
     faults: list[LossyRef] = []
-
-    def lossy(types: tuple[type, ...], salt: int) -> Any:
-        def factory(ref: Any) -> LossyRef:
-            faults.append(LossyRef(ref, drop=drop, types=types, seed=seed + salt))
-            return faults[-1]
-
-        return factory
-
+    lossy = lossy_factory(faults, drop, seed)
     done = threading.Event()
     recorder = Recorder.start(count, done)
     cc = ConsumerController.start(consumer_settings(window), self_ref_factory=lossy(TO_CONSUMER, 1))
@@ -124,14 +134,7 @@ def through_actors(count: int, drop: float, window: int, seed: int, timeout: flo
 
 def through_handles(count: int, drop: float, window: int, seed: int, timeout: float) -> Report:
     faults: list[LossyRef] = []
-
-    def lossy(types: tuple[type, ...], salt: int) -> Any:
-        def factory(ref: Any) -> LossyRef:
-            faults.append(LossyRef(ref, drop=drop, types=types, seed=seed + salt))
-            return faults[-1]
-
-        return factory
-
+    lossy = lossy_factory(faults, drop, seed)
     producer = Producer("demo-handles", PRODUCER_SETTINGS, self_ref_factory=lossy(TO_PRODUCER, 3))
     consumer = Consumer(consumer_settings(window), self_ref_factory=lossy(TO_CONSUMER, 4))
     consumer.register_to(producer.ref)
