@@ -51,6 +51,14 @@ class _Endpoint:
             with consumer._lock:
                 consumer._arrived.notify()
 
+    def tell_many(self, messages: list[Any]) -> None:
+        """A whole batch from a transport: one append, at most one wake-up."""
+        consumer = self._consumer
+        consumer._inbox.extend(messages)
+        if consumer._waiting:
+            with consumer._lock:
+                consumer._arrived.notify()
+
 
 class _ConfirmTo:
     """``Delivery.confirm_to`` of one delivery: confirming is a direct call, on any thread,

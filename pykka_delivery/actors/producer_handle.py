@@ -45,6 +45,10 @@ class _Endpoint:
     def tell(self, message: Any) -> None:
         self._producer._inbound(message)
 
+    def tell_many(self, messages: list[Any]) -> None:
+        """A whole batch from a transport: queued at once, processed once."""
+        self._producer._inbound_many(messages)
+
 
 class _ReplySlot:
     """``reply_to`` of a `send_and_confirm`: the seq_nr lands here."""
@@ -267,6 +271,13 @@ class Producer:
     def _inbound(self, message: Any) -> None:
         """Called on any thread. Queue first, then process if nobody holds the lock."""
         self._inbox.append(message)
+        self._process_inbound()
+
+    def _inbound_many(self, messages: list[Any]) -> None:
+        self._inbox.extend(messages)
+        self._process_inbound()
+
+    def _process_inbound(self) -> None:
         if self._lock.acquire(blocking=False):
             try:
                 self._drain()

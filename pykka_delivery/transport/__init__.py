@@ -1,1 +1,12 @@
-"""Placeholder package; filled by later issues."""
+"""Transports: in-process refs and the gRPC node that links processes.
+
+* `LossyRef`: a fault injector in front of any ref (tests, demos).
+* `Node`: one per process; exposes actors and handles as ``host:port/name`` and carries
+  their messages over one batched gRPC stream per pair of nodes.
+"""
+
+from pykka_delivery.transport.local import LossyRef
+from pykka_delivery.transport.node import Node, NodeStats, RemoteRef
+from pykka_delivery.transport.settings import NodeSettings, TlsSettings
+
+__all__ = ["LossyRef", "Node", "NodeSettings", "NodeStats", "RemoteRef", "TlsSettings"]

@@ -1,0 +1,820 @@
+"""`AsyncProducer` and `AsyncConsumer`: reliable delivery for asyncio code.
+
+The same protocol, guarantees and errors as `Producer` and `Consumer` (producer_handle.py,
+consumer_handle.py), for code that runs in an event loop. A handle is created inside a
+running loop and belongs to it: every step of its core runs on the loop's thread, and its
+methods are called there. Two exceptions: ``delivery.confirm()`` may be called on any
+thread (it is handed to the loop), and so may `AsyncProducer.register_consumer`.
+
+What the other side sends arrives on any thread (a transport's, the timer thread, a
+blocking handle's, a pykka actor's). It is appended to the handle's inbox, and the loop is
+woken with ``call_soon_threadsafe`` only when something has to happen now:
+
+* `AsyncConsumer`: only when a task is parked in `receive`, and once per parking however
+  many messages arrive before the loop runs again. A consumer that is busy finds what
+  arrived in its inbox on its next `receive`.
+* `AsyncProducer`: when no producer call is running on the loop, processing is scheduled
+  once (however many messages arrive before it runs), so an idle producer still answers
+  `Request`, `Resend` and retries. A running call processes them itself before it returns,
+  as the blocking handle's lock holder does.
+
+Arrivals on the loop's own thread (the other handle in the same loop) are handled at
+once, without scheduling anything. A batch therefore costs at most one wake-up of the
+loop, never one per message.
+
+Lost wake-ups are avoided as in the blocking handles: a task that parks first announces it
+(``_waiter`` / ``_busy = False``), then looks at the inbox once more; a thread that
+appends first, then looks at the announcement. One of the two sees the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from threading import get_ident
+from typing import Any, NoReturn
+
+from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
+from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
+from pykka_delivery.actors.messages import (
+    Delivery,
+    Ref,
+    RegisterConsumer,
+    RequestNext,
+    SequencedMessage,
+)
+from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
+from pykka_delivery.actors.settings import ConsumerControllerSettings, ProducerControllerSettings
+from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
+from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
+from pykka_delivery.protocol.serialization import Serialization
+
+__all__ = ["AsyncConsumer", "AsyncProducer"]
+
+producer_logger = logging.getLogger("pykka_delivery.producer")
+consumer_logger = logging.getLogger("pykka_delivery.consumer")
+
+
+def _wrong_thread(handle: str) -> NoReturn:
+    msg = (
+        f"{handle} belongs to the event loop it was created in: call it on that loop's "
+        "thread (from another thread use asyncio.run_coroutine_threadsafe or "
+        "loop.call_soon_threadsafe)"
+    )
+    raise RuntimeError(msg)
+
+
+def _call_in_loop(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any
+) -> bool:
+    """Hand ``callback`` to ``loop`` from another thread; False if the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: nobody is left to run it
+        return False
+    return True
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # it may have timed out (cancelled) meanwhile
+        future.set_result(None)
+
+
+# --- AsyncProducer ---------------------------------------------------------------------
+
+
+class _ProducerEndpoint:
+    """The producer's address for the consumer side: queue, then process or schedule."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: AsyncProducer) -> None:
+        self._producer = producer
+
+    def __repr__(self) -> str:
+        return f"AsyncProducer({self._producer.producer_id!r})"
+
+    def tell(self, message: Any) -> None:
+        producer = self._producer
+        producer._inbox.append(message)
+        if producer._busy:
+            return  # a producer call runs on the loop: it processes this before returning
+        if get_ident() == producer._loop_thread:
+            producer._process()  # on the loop, idle: process now, as the blocking handle
+        elif not producer._scheduled:
+            pass
+
+
+class _ReplySlot:
+    """``reply_to`` of a `send_and_confirm`: the seq_nr lands here."""
+
+    __slots__ = ("seq_nr",)
+
+    def __init__(self) -> None:
+        self.seq_nr: int | None = None
+
+    def tell(self, message: Any) -> None:
+        self.seq_nr = message
+
+
+class _Ignore:
+    """The core's "producer": the handle reads demand from the core, not from RequestNext."""
+
+    __slots__ = ()
+
+    def tell(self, message: Any) -> None:
+        pass
+
+
+class AsyncProducer:
+    """Sends messages reliably to one consumer, from asyncio code.
+
+    Args:
+        producer_id: identifies the stream.
+        settings: see `ProducerControllerSettings`.
+        serialization: for chunking; default `default_serialization`.
+        timer_service: default: the process-wide one.
+        self_ref_factory: builds the ref the other side uses to reach this handle from
+            its local endpoint (a transport's remote address, or a fault injector in tests).
+
+    Create it inside a running event loop and use it from that loop. Connect it with
+    `register_consumer` (or let a consumer register with
+    ``consumer.register_to(producer.ref)``). Meant for one sending task; other tasks may
+    wait in `wait_confirmed` meanwhile.
+
+    A `send` that finds demand completes without suspending (like ``asyncio.Queue.put``
+    with room): a task that sends in a tight loop to a fast consumer on another thread can
+    keep the loop busy; ``await asyncio.sleep(0)`` now and then gives other tasks a turn.
+
+    Raises:
+        RuntimeError: created outside a running event loop.
+    """
+
+    def __init__(
+        self,
+        producer_id: str,
+        settings: ProducerControllerSettings | None = None,
+        *,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+        self_ref_factory: Callable[[Ref], Ref] | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = get_ident()
+        self.producer_id = producer_id
+        self._inbox: deque[Any] = deque()
+        self._waiters: list[asyncio.Future[None]] = []
+        # True while a producer call runs on the loop (not while it is parked): arrivals
+        # then leave their message to it.
+        self._busy = False
+        self._scheduled = False  # a _process_scheduled is on its way to the loop
+        self._closed = False
+        self._endpoint = _ProducerEndpoint(self)
+        self._self_ref: Ref = (
+            self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
+        )
+        self._ignore = _Ignore()
+        self._timers = Timers(self._endpoint.tell, timer_service)
+        self._core = ProducerCore(
+            producer_id,
+            self._self_ref,
+            self._ignore,
+            settings,
+            serialization,
+            announce_demand=False,  # demand is read from the core (has_demand)
+        )
+        self._busy = True
+        try:
+            self._run(self._core.on_start(self._ignore))
+        finally:
+            self._leave()
+
+    @property
+    def ref(self) -> Ref:
+        """Where the consumer side reaches this producer (its "producer controller")."""
+        return self._self_ref
+
+    def register_consumer(self, consumer_controller: Ref) -> None:
+        """Deliver to ``consumer_controller`` (a consumer handle's ref, a consumer controller
+        actor, or a remote reference). A later call moves the stream to another consumer,
+        resending what is unconfirmed. May be called on any thread.
+
+        Raises:
+            ClosedError: the producer was closed.
+        """
+        self._check_open()
+        self._endpoint.tell(RegisterConsumer(consumer_controller))
+
+    async def send(self, message: Any, timeout: float | None = None) -> int:
+        """Send ``message`` once the consumer has room for it; returns its seq_nr.
+
+        Raises:
+            DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
+            ClosedError: the producer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        self._busy = True
+        try:
+            core = self._core
+            if self._inbox or self._closed or not core.has_demand:
+                await self._wait_for(self._has_demand, timeout, "demand to send")
+            self._run(core.on_msg(message))
+            return self._last_seq_nr()
+        finally:
+            self._leave()
+
+    def send_nowait(self, message: Any) -> int:
+        """Send ``message`` if the consumer has room for it now; returns its seq_nr.
+
+        Raises:
+            WouldBlock: no demand at the moment (nothing was sent).
+            ClosedError: the producer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        self._busy = True
+        try:
+            self._check_open()
+            self._drain()
+            if not self._core.has_demand:
+                msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
+                raise WouldBlock(msg)
+            self._run(self._core.on_msg(message))
+            return self._last_seq_nr()
+        finally:
+            self._leave()
+
+    async def send_and_confirm(self, message: Any, timeout: float | None = None) -> int:
+        """Send ``message`` and wait until the consumer confirmed it; returns its seq_nr.
+
+        Raises:
+            DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
+                was sent, it stays in the stream and will still be delivered).
+            ClosedError: the producer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        loop = self._loop
+        deadline = None if timeout is None else loop.time() + timeout
+        slot = _ReplySlot()
+        self._busy = True
+        try:
+            await self._wait_for(self._has_demand, timeout, "demand to send")
+            self._run(self._core.on_msg(message, slot))
+            await self._wait_for(
+                lambda: slot.seq_nr is not None,
+                None if deadline is None else deadline - loop.time(),
+                f"confirmation of seq_nr {self._last_seq_nr()}",
+            )
+        finally:
+            self._leave()
+        assert slot.seq_nr is not None
+        return slot.seq_nr
+
+    async def wait_confirmed(self, timeout: float | None = None) -> None:
+        """Wait until every message sent so far is confirmed by the consumer.
+
+        Raises:
+            DeliveryTimeout: some are still unconfirmed after ``timeout`` seconds.
+            ClosedError: the producer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        self._busy = True
+        try:
+            await self._wait_for(self._all_confirmed, timeout, "confirmation of every message")
+        finally:
+            self._leave()
+
+    def close(self) -> None:
+        """Stop the timers, refuse further sends and ignore the consumer side from now on:
+        unconfirmed messages are not resent any more (close after `wait_confirmed` to be
+        sure nothing is lost). Tasks waiting in the producer get `ClosedError`."""
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        self._closed = True
+        self._timers.cancel_all()
+        self._inbox.clear()
+        self._notify()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def snapshot(self) -> ProducerSnapshot:
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        return self._core.snapshot()
+
+    def statistics(self) -> ProducerStats:
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        return self._core.statistics()
+
+    # --- internals (on the loop's thread) ---------------------------------------------
+
+    def _last_seq_nr(self) -> int:
+        """The seq_nr of the message just sent: that of its last chunk, sent or not."""
+        core = self._core
+        return (
+            core.remaining_chunks[-1].seq_nr if core.remaining_chunks else core.current_seq_nr - 1
+        )
+
+    def _has_demand(self) -> bool:
+        return self._core.has_demand
+
+    def _all_confirmed(self) -> bool:
+        core = self._core
+        return core.confirmed_seq_nr >= core.current_seq_nr - 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"Producer {self.producer_id!r} is closed"
+            raise ClosedError(msg)
+
+    async def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """Park until ``ready()``; called busy, returns (or raises) busy."""
+        self._check_open()
+        self._drain()
+        if ready():
+            return
+        loop = self._loop
+        deadline = None if timeout is None else loop.time() + timeout
+        while not ready():
+            remaining = None
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
+                    raise DeliveryTimeout(msg)
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            # Parked, we are not busy: from now on an arrival on another thread schedules
+            # processing (which wakes us) instead of leaving its message to us. What
+            # arrived before that is still ours: look at the inbox once more.
+            self._busy = False
+            try:
+                if not self._inbox:
+                    if remaining is None:
+                        await waiter
+                    else:
+                        try:
+                            async with asyncio.timeout(remaining):
+                                await waiter
+                        except TimeoutError:
+                            msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
+                            raise DeliveryTimeout(msg) from None
+            finally:
+                self._busy = True
+                if not waiter.done() or waiter.cancelled():
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+            self._check_open()
+            self._drain()
+
+    def _process(self) -> None:
+        self._busy = True
+        try:
+            self._drain()
+        finally:
+            self._leave()
+
+    def _process_scheduled(self) -> None:
+        """Run on the loop for arrivals from other threads (one call per batch)."""
+        # Cleared before draining: a message appended after this schedules anew.
+        self._scheduled = False
+        self._process()
+
+    def _leave(self) -> None:
+        """End a busy stretch: what arrived from another thread meanwhile is ours."""
+        self._busy = False
+        while self._inbox:
+            self._busy = True
+            try:
+                self._drain()
+            finally:
+                self._busy = False
+
+    def _notify(self) -> None:
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                _wake(waiter)
+
+    def _drain(self) -> None:
+        inbox = self._inbox
+        if not inbox:
+            return
+        if self._closed:
+            inbox.clear()  # closed: the consumer side is ignored
+            return
+        core = self._core
+        while inbox:
+            message = inbox.popleft()
+            if type(message) is TimerFired:
+                if self._closed or not self._timers.accept(message):
+                    continue
+                self._run(core.on_timer(message.key))
+            else:
+                try:
+                    effects = core.receive(message)
+                except LocalProtocolError as error:
+                    producer_logger.error("%s", error)
+                    continue
+                self._run(effects)
+        self._notify()
+
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if type(effect) is Send:
+                message = effect.message
+                if type(message) is not RequestNext:  # demand is read from the core
+                    effect.to.tell(message)
+            elif type(effect) is StartTimer:
+                if not self._closed:
+                    self._timers.start(effect.key, effect.interval)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(effect.key)
+
+
+# --- AsyncConsumer ---------------------------------------------------------------------
+
+
+class _Waiter:
+    """A `receive` parked on the loop; ``woken`` once a wake-up is on its way."""
+
+    __slots__ = ("future", "woken")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.woken = False
+
+
+class _ConsumerEndpoint:
+    """The consumer's address for the producer side: append, wake the reader if parked."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: AsyncConsumer) -> None:
+        self._consumer = consumer
+
+    def __repr__(self) -> str:
+        return "AsyncConsumer()"
+
+    def tell(self, message: Any) -> None:
+        consumer = self._consumer
+        consumer._inbox.append(message)
+        waiter = consumer._waiter
+        if waiter is not None and not waiter.woken:
+            # The first arrival wakes the parked reader; the rest of the batch finds it
+            # woken and only appends.
+            waiter.woken = True
+            if get_ident() == consumer._loop_thread:
+                _wake(waiter.future)
+            else:
+                _call_in_loop(consumer._loop, _wake, waiter.future)
+
+
+class _ConfirmTo:
+    """``Delivery.confirm_to`` of one delivery: confirming is a direct call, and a second
+    confirmation of the same delivery is told apart from the next one's."""
+
+    __slots__ = ("_consumer", "used")
+
+    def __init__(self, consumer: AsyncConsumer) -> None:
+        self._consumer = consumer
+        self.used = False
+
+    def tell(self, message: Any) -> None:
+        self._consumer._confirm(self)
+
+
+class _Ready:
+    """The core's "consumer": deliveries the core hands out wait here for `receive`."""
+
+    __slots__ = ("deliveries",)
+
+    def __init__(self) -> None:
+        self.deliveries: deque[Delivery] = deque()
+
+    def tell(self, message: Any) -> None:
+        self.deliveries.append(message)
+
+
+class AsyncConsumer:
+    """Receives one producer's messages reliably, in order, one at a time, in asyncio code.
+
+    Iterate it, confirming each delivery when it is processed::
+
+        async for delivery in consumer:
+            await handle(delivery.message)
+            delivery.confirm()
+
+    Args:
+        settings: see `ConsumerControllerSettings`.
+        serialization: for chunked messages; default `default_serialization`.
+        timer_service: default: the process-wide one.
+        self_ref_factory: builds the ref the other side uses to reach this handle from
+            its local endpoint (a transport's remote address, or a fault injector in tests).
+
+    Create it inside a running event loop and use it from that loop, receiving from one
+    task. ``delivery.confirm()`` may also be called on another thread (a worker that
+    processed it): the confirmation is then handed to the loop, and reaches the consumer
+    before anything the worker hands to the loop afterwards (such as the completion of
+    ``asyncio.to_thread``). Connect it with `register_to` (or let a producer call
+    ``register_consumer(consumer.ref)``). Retries on silence are sent while a task waits
+    in `receive`.
+
+    Raises:
+        RuntimeError: created outside a running event loop.
+    """
+
+    def __init__(
+        self,
+        settings: ConsumerControllerSettings | None = None,
+        *,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+        self_ref_factory: Callable[[Ref], Ref] | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = get_ident()
+        self._inbox: deque[Any] = deque()
+        self._waiter: _Waiter | None = None
+        self._closed = False
+        self._outstanding: Delivery | None = None
+        self._outbox: list[tuple[Ref, Any]] = []  # told once the core's step is done
+        self._endpoint = _ConsumerEndpoint(self)
+        self._self_ref: Ref = (
+            self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
+        )
+        self._ready = _Ready()
+        self._timers = Timers(self._endpoint.tell, timer_service)
+        # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
+        # cannot confirm the current one.
+        self._core = ConsumerCore(
+            self._self_ref, settings, serialization, new_confirm_to=lambda: _ConfirmTo(self)
+        )
+        self._run(self._core.on_spawned())
+        self._run(self._core.on_start(self._ready))
+        self._flush()
+
+    @property
+    def ref(self) -> Ref:
+        """Where the producer side sends to (this consumer's "consumer controller")."""
+        return self._self_ref
+
+    def register_to(self, producer_controller: Ref) -> None:
+        """Connect to ``producer_controller`` (a producer handle's ref, a producer controller
+        actor, or a remote reference); repeated until its first message arrives.
+
+        Raises:
+            ClosedError: the consumer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        self._check_open()
+        self._run(self._core.on_register_to(producer_controller))
+        self._flush()
+
+    async def receive(self, timeout: float | None = None) -> Delivery:
+        """The next delivery, waiting for it if needed. Confirm it before the next call.
+
+        Raises:
+            DeliveryTimeout: nothing arrived within ``timeout`` seconds.
+            ClosedError: the consumer was closed, or stopped after `deliver_then_stop`.
+            LocalProtocolError: the previous delivery is not confirmed yet, or another task
+                is waiting in `receive`.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        deadline = None
+        while True:
+            if self._closed or self._outstanding is not None or self._waiter is not None:
+                self._check_can_receive()
+            delivery = self._next_ready()
+            if self._outbox:
+                self._flush()  # a producer on this thread may answer at once: look again
+                if delivery is None:
+                    continue
+            if delivery is not None:
+                return delivery
+            if self._core.is_stopped:
+                msg = "Consumer stopped after delivering every message (deliver_then_stop)"
+                raise ClosedError(msg)
+            if deadline is None and timeout is not None:
+                deadline = self._loop.time() + timeout
+            await self._wait(deadline, timeout)
+
+    def receive_nowait(self) -> Delivery:
+        """The next delivery if one is here already.
+
+        Raises:
+            WouldBlock: none is ready.
+            ClosedError: the consumer was closed.
+            LocalProtocolError: the previous delivery is not confirmed yet.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        self._check_can_receive()
+        delivery = self._next_ready()
+        self._flush()
+        if delivery is None:
+            msg = "Consumer has no delivery ready"
+            raise WouldBlock(msg)
+        return delivery
+
+    def __aiter__(self) -> AsyncConsumer:
+        """Deliveries until the consumer is closed or stopped."""
+        return self
+
+    async def __anext__(self) -> Delivery:
+        try:
+            return await self.receive()
+        except ClosedError:
+            raise StopAsyncIteration from None
+
+    def deliver_then_stop(self) -> None:
+        """Stop once every message received so far is delivered and confirmed; iteration
+        then ends.
+
+        Raises:
+            ClosedError: the consumer was closed.
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        self._check_open()
+        # What already arrived counts as received: take it into the core first.
+        inbox = self._inbox
+        while inbox:
+            self._feed(inbox.popleft())
+        self._run(self._core.on_deliver_then_stop())
+        self._wake_reader()
+        self._flush()
+
+    def close(self) -> None:
+        """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
+        with the producer, to be delivered to the next consumer). A task waiting in
+        `receive` gets `ClosedError` (an ``async for`` ends)."""
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        if self._closed:
+            return
+        self._closed = True
+        self._run(self._core.on_stopped())
+        self._timers.cancel_all()
+        self._wake_reader()
+        self._flush()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def snapshot(self) -> ConsumerSnapshot:
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        return self._core.snapshot()
+
+    def statistics(self) -> ConsumerStats:
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncConsumer")
+        return self._core.statistics()
+
+    # --- internals (on the loop's thread unless said otherwise) -----------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = "Consumer is closed"
+            raise ClosedError(msg)
+
+    def _check_can_receive(self) -> None:
+        self._check_open()
+        if self._outstanding is not None:
+            msg = (
+                f"Consumer: delivery seq_nr {self._outstanding.seq_nr} is not confirmed yet: "
+                "call delivery.confirm() before receiving the next"
+            )
+            raise LocalProtocolError(msg)
+        if self._waiter is not None:
+            msg = "Consumer: another task is waiting in receive(): receive from one task"
+            raise LocalProtocolError(msg)
+
+    async def _wait(self, deadline: float | None, timeout: float | None) -> None:
+        """Park until the inbox fills. Announce the parking first, then look once more: a
+        message appended after that look finds ``_waiter`` set and wakes us."""
+        loop = self._loop
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                msg = f"Consumer: nothing delivered within {timeout} s"
+                raise DeliveryTimeout(msg)
+        waiter = _Waiter(loop.create_future())
+        self._waiter = waiter
+        try:
+            if self._inbox:
+                return
+            if remaining is None:
+                await waiter.future
+            else:
+                try:
+                    async with asyncio.timeout(remaining):
+                        await waiter.future
+                except TimeoutError:
+                    msg = f"Consumer: nothing delivered within {timeout} s"
+                    raise DeliveryTimeout(msg) from None
+        finally:
+            self._waiter = None
+        self._check_open()
+
+    def _wake_reader(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.woken = True
+            _wake(waiter.future)
+
+    def _feed(self, message: Any) -> None:
+        if type(message) is SequencedMessage:
+            self._run(self._core.on_sequenced(message))
+        elif type(message) is TimerFired:
+            if self._timers.accept(message):
+                self._run(self._core.on_timer(message.key))
+        else:
+            consumer_logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
+
+    def _next_ready(self) -> Delivery | None:
+        """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
+        ready = self._ready.deliveries
+        inbox = self._inbox
+        while not ready and inbox:
+            self._feed(inbox.popleft())
+        if not ready:
+            return None
+        delivery = ready.popleft()
+        self._outstanding = delivery
+        return delivery
+
+    def _check_confirm(self, confirm_to: _ConfirmTo) -> None:
+        """Any thread: raise unless ``confirm_to`` is the outstanding delivery's, unused."""
+        self._check_open()
+        outstanding = self._outstanding
+        if confirm_to.used or outstanding is None or outstanding.confirm_to is not confirm_to:
+            msg = (
+                "Consumer: confirm() of a delivery that is not the outstanding one "
+                "(already confirmed?): confirm each delivery once"
+            )
+            raise LocalProtocolError(msg)
+
+    def _confirm(self, confirm_to: _ConfirmTo) -> None:
+        """Any thread; the core's part runs on the loop."""
+        self._check_confirm(confirm_to)
+        confirm_to.used = True
+        if get_ident() == self._loop_thread:
+            self._confirmed()
+        elif not _call_in_loop(self._loop, self._confirmed_elsewhere, confirm_to):
+            msg = "Consumer: its event loop is closed"
+            raise ClosedError(msg)
+
+    def _confirmed_elsewhere(self, confirm_to: _ConfirmTo) -> None:
+        """On the loop: the confirmation of a delivery confirmed on another thread."""
+        outstanding = self._outstanding
+        if self._closed or outstanding is None or outstanding.confirm_to is not confirm_to:
+            return  # closed meanwhile: the producer keeps it unconfirmed
+        self._confirmed()
+
+    def _confirmed(self) -> None:
+        self._outstanding = None
+        self._run(self._core.on_confirmed())
+        self._flush()
+
+    def _flush(self) -> None:
+        """Tell what the core sent, once its step is done: a producer answering at once on
+        this thread must find the consumer consistent."""
+        sends = self._outbox
+        if sends:
+            self._outbox = []
+            for to, message in sends:
+                to.tell(message)
+
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if type(effect) is Send:
+                if effect.to is self._ready:
+                    self._ready.deliveries.append(effect.message)
+                else:
+                    self._outbox.append((effect.to, effect.message))
+            elif type(effect) is StartTimer:
+                self._timers.start(effect.key, effect.interval)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(effect.key)
+            elif type(effect) is Stop:
+                self._timers.cancel_all()

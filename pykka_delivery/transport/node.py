@@ -1,0 +1,642 @@
+"""`Node`: one per process; carries envelopes between processes over gRPC.
+
+Theory of operation:
+
+* A node runs one gRPC server (``host:port``) on an asyncio loop in its own thread. Actors
+  and handles are *exposed* on it under a name; their address is ``host:port/name`` and a
+  `RemoteRef` to that address can be told messages from any process, like a pykka ref.
+* Between two nodes one long-lived bidirectional stream (``Node.Link``) carries *frames*,
+  each holding as many envelopes as were waiting. Whichever node has something to send and
+  no link dials the other; the opener's first frame says who it is (``Hello``) so the
+  other side answers on the same stream.
+* Batching without delay: ``tell`` on a remote ref appends to the peer's outbox and wakes
+  the peer's writer only if it is idle. The writer takes everything queued into one frame
+  and writes it; messages told during that write form the next frame. Under load, frames
+  fill up to ``max_batch``; at low rates a message leaves at once.
+* Faults: a broken stream (gRPC keepalive or stream end) drops the link; the next message
+  re-dials with exponential backoff and jitter. The transport does not resend: the
+  delivery protocol above it does (Requests, Resends, first-message resends), so nothing is
+  lost and the transport knows nothing of delivery rules.
+* Bad input never crashes a node: a malformed envelope, an unknown target, an
+  unauthenticated peer or an oversize frame is refused, logged and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pykka
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from pykka_delivery.actors.messages import Ref
+from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
+from pykka_delivery.protocol.serialization import Serialization, default_serialization
+from pykka_delivery.transport.codec import Codec, CodecError
+from pykka_delivery.transport.settings import NodeSettings
+
+__all__ = ["Node", "NodeStats", "RemoteRef"]
+
+logger = logging.getLogger("pykka_delivery.transport")
+
+_Frame = transport_pb2.Frame
+
+
+class RemoteRef:
+    """A ref to something exposed on a node: ``host:port/name``. ``tell`` from any thread.
+
+    On its own node it tells the local target directly; elsewhere it queues the message
+    for the peer's link. Equal refs have equal paths.
+    """
+
+    __slots__ = ("_node", "_peer", "name", "node_address", "path")
+
+    def __init__(self, node: Node, path: str) -> None:
+        node_address, sep, name = path.partition("/")
+        if not sep or not node_address or not name:
+            msg = f"not a remote address: {path!r} (expected 'host:port/name')"
+            raise ValueError(msg)
+        self._node = node
+        self.path = path
+        self.node_address = node_address
+        self.name = name
+        self._peer: _Peer | None = None
+
+    def __repr__(self) -> str:
+        return f"RemoteRef({self.path})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteRef) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def tell(self, message: Any) -> None:
+        peer = self._peer
+        if peer is None:
+            if self.node_address == self._node.address:
+                self._node._deliver_local(self.name, message)
+                return
+            peer = self._peer = self._node._peer(self.node_address)
+        peer.enqueue(self.name, message)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """Counters of a node, as a frozen snapshot.
+
+    Attributes:
+        frames_sent / envelopes_sent: what the writers put on links.
+        frames_received / envelopes_received: what the readers took off links.
+        links_opened / links_lost: links established (dialled or accepted) and broken.
+        dropped_pending: envelopes dropped because a disconnected peer's outbox was full.
+        dropped_unsendable: envelopes that could not be encoded or exceeded the size limit.
+        lost_in_flight: envelopes in a frame whose write failed (the protocol resends).
+        malformed: received envelopes that could not be decoded.
+        unknown_target: received envelopes for a name nothing is exposed under.
+        rejected_links: links refused (authentication, missing hello).
+    """
+
+    frames_sent: int
+    envelopes_sent: int
+    frames_received: int
+    envelopes_received: int
+    links_opened: int
+    links_lost: int
+    dropped_pending: int
+    dropped_unsendable: int
+    lost_in_flight: int
+    malformed: int
+    unknown_target: int
+    rejected_links: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    """The live, mutable counters behind `NodeStats` (same fields)."""
+
+    frames_sent: int = 0
+    envelopes_sent: int = 0
+    frames_received: int = 0
+    envelopes_received: int = 0
+    links_opened: int = 0
+    links_lost: int = 0
+    dropped_pending: int = 0
+    dropped_unsendable: int = 0
+    lost_in_flight: int = 0
+    malformed: int = 0
+    unknown_target: int = 0
+    rejected_links: int = 0
+
+    def snapshot(self) -> NodeStats:
+        return NodeStats(**dataclasses.asdict(self))
+
+
+class _Stream:
+    """One open link, whichever side opened it: something to write frames to."""
+
+    def __init__(self, write: Callable[[_Frame], Any], close: Callable[[], Any]) -> None:
+        self.write = write
+        self.close = close
+        self.alive = True
+
+
+class _Peer:
+    """Everything about one other node: its outbox, its current link, its writer task."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        self.node = node
+        self.address = address
+        self.outbox: deque[tuple[str, Any]] = deque()
+        self.idle = False
+        self.wake = asyncio.Event()
+        self.streams: list[_Stream] = []
+        self.linked = asyncio.Event()
+        self.dialling = False
+        self.channel: grpc.aio.Channel | None = None
+
+    def enqueue(self, target: str, message: Any) -> None:
+        """Any thread: queue, and wake the writer only if it is idle."""
+        outbox = self.outbox
+        outbox.append((target, message))
+        if len(outbox) > self.node.settings.max_pending:
+            outbox.popleft()
+            self.node._counters.dropped_pending += 1
+        if self.idle:
+            self.idle = False
+            self.node._loop.call_soon_threadsafe(self.wake.set)
+
+    async def run(self) -> None:
+        """The writer: one frame per write, holding everything that was waiting."""
+        node = self.node
+        settings = node.settings
+        counters = node._counters
+        codec = node._codec
+        outbox = self.outbox
+        while True:
+            if not outbox:
+                self.idle = True
+                if not outbox:
+                    self.wake.clear()
+                    await self.wake.wait()
+                self.idle = False
+            if not self.streams:
+                await self._connect()
+                continue
+            if settings.linger:
+                await asyncio.sleep(settings.linger)
+            frame = _Frame()
+            count = 0
+            while outbox and count < settings.max_batch:
+                target, message = outbox.popleft()
+                try:
+                    codec.add(frame, target, message)
+                except Exception as error:
+                    counters.dropped_unsendable += 1
+                    logger.error(
+                        "Cannot send %s to %s/%s: %s",
+                        type(message).__name__,
+                        self.address,
+                        target,
+                        error,
+                    )
+                    continue
+                count += 1
+            if count:
+                for part in node._fit(frame):
+                    await self._write(part)
+
+    async def _write(self, frame: _Frame) -> None:
+        stream = self.streams[-1]
+        counters = self.node._counters
+        try:
+            await stream.write(frame)
+        except Exception as error:  # the link broke under us; the protocol will resend
+            counters.lost_in_flight += len(frame.envelopes)
+            logger.info("Link to %s broke while writing: %s", self.address, error)
+            self.detach(stream)
+            return
+        counters.frames_sent += 1
+        counters.envelopes_sent += len(frame.envelopes)
+
+    async def _connect(self) -> None:
+        """Dial until a link exists (ours, or one the peer opened meanwhile)."""
+        settings = self.node.settings
+        delay = settings.reconnect_backoff_min
+        while not self.streams:
+            if await self.node._dial(self):
+                return
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(settings.reconnect_backoff_max, delay * 2)
+
+    def attach(self, stream: _Stream) -> None:
+        first = not self.streams
+        self.streams.append(stream)
+        self.node._counters.links_opened += 1
+        if first:
+            self.node._notify(self.address, True)
+
+    def detach(self, stream: _Stream) -> None:
+        if stream in self.streams:
+            self.streams.remove(stream)
+            stream.alive = False
+            self.node._counters.links_lost += 1
+            with contextlib.suppress(Exception):
+                stream.close()
+            if not self.streams:
+                self.node._notify(self.address, False)
+
+
+class _Servicer(transport_pb2_grpc.NodeServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Link(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        node = self.node
+        if not node._authorized(context.invocation_metadata()):
+            node._counters.rejected_links += 1
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: give the node the cluster's NodeSettings.token",
+            )
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello") or not first.hello.node:
+            node._counters.rejected_links += 1
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first frame of a link must be a Hello"
+            )
+        peer = node._peer(first.hello.node)
+        stream = _Stream(context.write, lambda: None)
+        peer.attach(stream)
+        node._deliver(first)
+        try:
+            while stream.alive:
+                frame = await context.read()
+                if frame is grpc.aio.EOF:
+                    break
+                node._deliver(frame)
+        finally:
+            peer.detach(stream)
+
+
+class Node:
+    """One process's endpoint: a gRPC server plus links to other nodes.
+
+    Args:
+        settings: see `NodeSettings`.
+        serialization: how payloads are encoded on the wire.
+
+    Use ``with Node(...) as node:`` or `start` / `stop`. Expose a controller or handle with
+    ``self_ref_factory=node.expose("name")`` and reach one elsewhere with
+    ``node.ref("host:port/name")``.
+    """
+
+    def __init__(
+        self, settings: NodeSettings | None = None, serialization: Serialization | None = None
+    ) -> None:
+        self.settings = settings or NodeSettings()
+        self._serialization = serialization or default_serialization
+        self._targets: dict[str, Ref] = {}
+        self._names: dict[int, tuple[Ref, str]] = {}
+        self._peers: dict[str, _Peer] = {}
+        self._peers_lock = threading.Lock()
+        self._listeners: list[Callable[[str, bool], None]] = []
+        self._counters = _Counters()
+        self._codec = Codec(self._serialization, self._address_of, self.ref)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pykka-delivery-node", daemon=True
+        )
+        self._server: grpc.aio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.address = ""
+        self._metadata = (
+            (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
+        )
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> Node:
+        """Start the server; ``address`` is then ``host:port`` (the bound port if 0)."""
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start_server(), self._loop)
+        try:
+            port = future.result(timeout=30)
+        except Exception:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+        self.address = f"{self.settings.host}:{port}"
+        logger.info("Node listening on %s", self.address)
+        return self
+
+    def stop(self) -> None:
+        """Close every link and the server (in-flight calls get ``shutdown_grace``)."""
+        if not self._thread.is_alive():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout=self.settings.shutdown_grace + 10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- naming ----------------------------------------------------------------------
+
+    def register(self, name: str, ref: Ref) -> RemoteRef:
+        """Expose ``ref`` as ``<address>/<name>``; returns that address as a ref.
+
+        Raises:
+            ValueError: the name is taken, or contains '/'.
+        """
+        if "/" in name or not name:
+            msg = f"exposed names cannot be empty or contain '/': {name!r}"
+            raise ValueError(msg)
+        if name in self._targets and self._targets[name] is not ref:
+            msg = f"{name!r} is already exposed on {self.address}: choose another name"
+            raise ValueError(msg)
+        self._targets[name] = ref
+        self._names[id(ref)] = (ref, name)
+        return RemoteRef(self, f"{self.address}/{name}")
+
+    def unregister(self, name: str) -> None:
+        ref = self._targets.pop(name, None)
+        if ref is not None:
+            self._names.pop(id(ref), None)
+
+    def expose(self, name: str) -> Callable[[Any], RemoteRef]:
+        """A ``self_ref_factory`` for controllers and handles: exposes the local ref under
+        ``name`` and stamps the remote address on what it sends."""
+        return lambda ref: self.register(name, ref)
+
+    def ref(self, path: str) -> RemoteRef:
+        """A ref to ``host:port/name`` (this node's own addresses included)."""
+        return RemoteRef(self, path)
+
+    def add_listener(self, listener: Callable[[str, bool], None]) -> None:
+        """Call ``listener(peer_address, up)`` when the first link to a peer opens or the
+        last one breaks (on the node's thread: keep it quick)."""
+        self._listeners.append(listener)
+
+    def statistics(self) -> NodeStats:
+        return self._counters.snapshot()
+
+    def is_linked(self, peer_address: str) -> bool:
+        peer = self._peers.get(peer_address)
+        return peer is not None and bool(peer.streams)
+
+    # --- sending ---------------------------------------------------------------------
+
+    def _peer(self, address: str) -> _Peer:
+        peer = self._peers.get(address)
+        if peer is not None:
+            return peer
+        with self._peers_lock:
+            peer = self._peers.get(address)
+            if peer is None:
+                peer = _Peer(self, address)
+                self._peers[address] = peer
+                self._loop.call_soon_threadsafe(self._spawn, peer.run())
+        return peer
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _address_of(self, ref: Ref) -> str:
+        if isinstance(ref, RemoteRef):
+            return ref.path
+        known = self._names.get(id(ref))
+        if known is None or known[0] is not ref:
+            msg = (
+                f"{ref!r} is not reachable from other processes: create it with "
+                "self_ref_factory=node.expose(name) (or node.register(name, ref))"
+            )
+            raise ValueError(msg)
+        return f"{self.address}/{known[1]}"
+
+    def _fit(self, frame: _Frame) -> Iterable[_Frame]:
+        """``frame``, split so that each part is within ``max_message_bytes``."""
+        limit = self.settings.max_message_bytes
+        if frame.ByteSize() <= limit:
+            return [frame]
+        envelopes = list(frame.envelopes)
+        if len(envelopes) == 1:
+            self._counters.dropped_unsendable += 1
+            logger.error(
+                "A message for %s is %d bytes, above max_message_bytes=%d: raise that setting "
+                "or set chunk_large_messages on the producer",
+                envelopes[0].target,
+                frame.ByteSize(),
+                limit,
+            )
+            return []
+        half = len(envelopes) // 2
+        parts: list[_Frame] = []
+        for chunk in (envelopes[:half], envelopes[half:]):
+            part = _Frame()
+            part.envelopes.extend(chunk)
+            parts.extend(self._fit(part))
+        return parts
+
+    # --- receiving -------------------------------------------------------------------
+
+    def _deliver_local(self, name: str, message: Any) -> None:
+        target = self._targets.get(name)
+        if target is None:
+            self._counters.unknown_target += 1
+            logger.warning("Nothing is exposed as %r on %s: message dropped", name, self.address)
+            return
+        try:
+            target.tell(message)
+        except pykka.ActorDeadError:
+            logger.debug("%r on %s is dead: message dropped", name, self.address)
+
+    def _deliver(self, frame: _Frame) -> None:
+        """On the node's thread: decode a frame and tell each message to its target,
+        a run of messages for one target at once when it takes batches."""
+        counters = self._counters
+        counters.frames_received += 1
+        envelopes = frame.envelopes
+        counters.envelopes_received += len(envelopes)
+        decode = self._codec.decode
+        batch: list[Any] = []
+        batch_target = ""
+        for envelope in envelopes:
+            try:
+                message = decode(envelope)
+            except CodecError as error:
+                counters.malformed += 1
+                logger.warning("Malformed envelope from a peer: %s", error)
+                continue
+            target = envelope.target
+            if target != batch_target:
+                if batch:
+                    self._tell_batch(batch_target, batch)
+                    batch = []
+                batch_target = target
+            batch.append(message)
+        if batch:
+            self._tell_batch(batch_target, batch)
+
+    def _tell_batch(self, name: str, messages: list[Any]) -> None:
+        target = self._targets.get(name)
+        if target is None:
+            self._counters.unknown_target += len(messages)
+            logger.warning(
+                "Nothing is exposed as %r on %s: %d dropped", name, self.address, len(messages)
+            )
+            return
+        tell_many = getattr(target, "tell_many", None)
+        try:
+            if tell_many is not None:
+                tell_many(messages)
+            else:
+                for message in messages:
+                    target.tell(message)
+        except pykka.ActorDeadError:
+            logger.debug("%r on %s is dead: messages dropped", name, self.address)
+
+    def _notify(self, address: str, up: bool) -> None:
+        logger.info("Link to %s %s", address, "up" if up else "down")
+        for listener in self._listeners:
+            try:
+                listener(address, up)
+            except Exception:
+                logger.exception("Link listener failed")
+
+    # --- gRPC plumbing (node thread) ---------------------------------------------------
+
+    def _grpc_options(self) -> list[tuple[str, Any]]:
+        s = self.settings
+        return [
+            ("grpc.max_send_message_length", s.max_message_bytes + 1024),
+            ("grpc.max_receive_message_length", s.max_message_bytes + 1024),
+            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(s.keepalive_time * 500)),
+            ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
+        ]
+
+    async def _start_server(self) -> int:
+        s = self.settings
+        server = grpc.aio.server(options=self._grpc_options())
+        transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        bind = f"{s.host}:{s.port}"
+        if s.tls is None:
+            port = server.add_insecure_port(bind)
+        else:
+            chain, key, roots = s.tls.read()
+            credentials = grpc.ssl_server_credentials(
+                [(key, chain)],
+                root_certificates=roots,
+                require_client_auth=s.tls.require_client_auth,
+            )
+            port = server.add_secure_port(bind, credentials)
+        await server.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health.set("pykka_delivery.transport.v1.Node", health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        return int(port)
+
+    def _authorized(self, metadata: Any) -> bool:
+        token = self.settings.token
+        if token is None:
+            return True
+        expected = f"Bearer {token}".encode()
+        for key, value in metadata or ():
+            if key == "authorization":
+                got = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(got, expected)
+        return False
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        s = self.settings
+        options = self._grpc_options()
+        if s.tls is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        chain, key, roots = s.tls.read()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=roots, private_key=key, certificate_chain=chain
+        )
+        if s.tls.server_name_override:
+            options.append(("grpc.ssl_target_name_override", s.tls.server_name_override))
+        return grpc.aio.secure_channel(address, credentials, options=options)
+
+    async def _dial(self, peer: _Peer) -> bool:
+        """Open a link to ``peer``; False if it failed (the caller backs off)."""
+        s = self.settings
+        if peer.channel is None:
+            peer.channel = self._channel(peer.address)
+        try:
+            await asyncio.wait_for(peer.channel.channel_ready(), s.connect_timeout)
+            stub = transport_pb2_grpc.NodeStub(peer.channel)  # type: ignore[no-untyped-call]
+            call = stub.Link(metadata=self._metadata)
+            hello = _Frame()
+            hello.hello.node = self.address
+            await call.write(hello)
+        except Exception as error:  # unreachable, refused, timed out
+            logger.debug("Cannot link to %s: %s", peer.address, error)
+            return False
+        stream = _Stream(call.write, call.cancel)
+        peer.attach(stream)
+        self._spawn(self._read(peer, call, stream))
+        return True
+
+    async def _read(self, peer: _Peer, call: Any, stream: _Stream) -> None:
+        try:
+            while stream.alive:
+                frame = await call.read()
+                if frame is grpc.aio.EOF:
+                    break
+                self._deliver(frame)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                logger.error("Link to %s refused: %s", peer.address, error.details())
+            else:
+                logger.info("Link to %s lost: %s", peer.address, error.code().name)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            peer.detach(stream)
+
+    async def _shutdown(self) -> None:
+        # Let the writers hand over what is queued on live links (the last Ack of a
+        # consumer that is closing, say), within the grace period.
+        deadline = self._loop.time() + self.settings.shutdown_grace
+        while self._loop.time() < deadline and any(
+            peer.streams and (peer.outbox or not peer.idle) for peer in self._peers.values()
+        ):
+            await asyncio.sleep(0.005)
+        for peer in list(self._peers.values()):
+            for stream in list(peer.streams):
+                peer.detach(stream)
+            if peer.channel is not None:
+                await peer.channel.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace)
