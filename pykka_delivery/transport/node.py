@@ -322,7 +322,8 @@ class Node:
         )
         self._server: grpc.aio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.address = ""
+        self.address = ""  # host:port others reach this node at (set by start)
+        self.bound_address = ""  # host:port the server listens on
         self._metadata = (
             (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
         )
@@ -338,7 +339,8 @@ class Node:
         except Exception:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        self.address = f"{self.settings.host}:{port}"
+        self.bound_address = f"{self.settings.host}:{port}"
+        self.address = self.settings.advertised_address or self.bound_address
         logger.info("Node listening on %s", self.address)
         return self
 
@@ -537,6 +539,9 @@ class Node:
             ("grpc.http2.min_ping_interval_without_data_ms", int(s.keepalive_time * 500)),
             ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
+            # A large initial HTTP/2 stream window: a frame is written without waiting for
+            # the other side's WINDOW_UPDATE, which needs its (GIL-sharing) reader to run.
+            ("grpc.http2.lookahead_bytes", 4 * s.max_message_bytes),
         ]
 
     async def _start_server(self) -> int:

@@ -54,6 +54,9 @@ class NodeSettings:
     Attributes:
         host: the interface the node's gRPC server binds to. Default 127.0.0.1.
         port: its port; 0 (the default) picks a free one (see ``Node.address``).
+        advertised_address: the ``host:port`` other nodes use to reach this one, when it
+            differs from the bound one (behind a proxy, NAT or port mapping); it is what
+            this node's refs and its ``Hello`` carry. Default: the bound address.
         tls: TLS (and mutual TLS) settings; None means plaintext, which is allowed only
             on a loopback host unless ``allow_insecure`` is set.
         allow_insecure: permit plaintext on a non-loopback host. Default False.
@@ -80,6 +83,7 @@ class NodeSettings:
 
     host: str = "127.0.0.1"
     port: int = 0
+    advertised_address: str | None = None
     tls: TlsSettings | None = None
     allow_insecure: bool = False
     token: str | None = field(default=None, repr=False)

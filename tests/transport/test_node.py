@@ -1,0 +1,374 @@
+"""The gRPC node: two (or three) nodes in one test process, on 127.0.0.1.
+
+Behaviour of the transport itself: delivery across nodes, batching, faults (links cut,
+stalled, refused), authentication, TLS, size limits, malformed input, health. The
+multi-process runs (subprocesses, SIGKILL) are in test_processes.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pykka
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pykka_delivery import (
+    Consumer,
+    ConsumerController,
+    ConsumerControllerSettings,
+    Producer,
+    ProducerController,
+    ProducerControllerSettings,
+    RegisterToProducerController,
+    RequestNext,
+)
+from pykka_delivery.protocol import transport_pb2
+from pykka_delivery.transport import Node, NodeSettings, TlsSettings
+from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
+from tests.tcp_proxy import TcpProxy
+
+WAIT = 20.0
+FAST = ConsumerControllerSettings(
+    flow_control_window=100, resend_interval_min=0.05, resend_interval_max=0.2
+)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Node]]:
+    started: list[Node] = []
+    yield started
+    for node in started:
+        node.stop()
+
+
+def start(nodes: list[Node], settings: NodeSettings | None = None) -> Node:
+    node = Node(settings).start()
+    nodes.append(node)
+    return node
+
+
+class Reader:
+    """Consumes in a thread, confirming each delivery; ``wait`` returns the messages."""
+
+    def __init__(self, consumer: Consumer, count: int) -> None:
+        self.consumer = consumer
+        self.count = count
+        self.messages: list[Any] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for delivery in self.consumer:
+            self.messages.append(delivery.message)
+            delivery.confirm()
+            if len(self.messages) >= self.count:
+                self.done.set()
+                return
+
+    def wait(self, timeout: float = WAIT) -> list[Any]:
+        assert self.done.wait(timeout), f"got {len(self.messages)} of {self.count}"
+        return self.messages
+
+
+def connect(
+    producer_node: Node, consumer_node: Node, *, producer_path: str | None = None, **kw: Any
+) -> tuple[Producer, Consumer]:
+    producer = Producer(
+        "orders",
+        ProducerControllerSettings(resend_first_interval=0.05),
+        self_ref_factory=producer_node.expose("orders"),
+    )
+    consumer = Consumer(kw.get("settings", FAST), self_ref_factory=consumer_node.expose("c"))
+    consumer.register_to(consumer_node.ref(producer_path or f"{producer_node.address}/orders"))
+    return producer, consumer
+
+
+def send_all(producer: Producer, messages: range) -> None:
+    for message in messages:
+        producer.send(message, timeout=WAIT)
+
+
+# --- delivery ------------------------------------------------------------------------
+
+
+def test_ten_thousand_messages_cross_nodes_in_order_exactly_once_in_batches(
+    nodes: list[Node],
+) -> None:
+    a, b = start(nodes), start(nodes)
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 10_000)
+
+    send_all(producer, range(10_000))
+
+    assert reader.wait() == list(range(10_000))
+    producer.wait_confirmed(timeout=WAIT)
+    stats = a.statistics()
+    assert stats.envelopes_sent >= 10_000
+    assert stats.frames_sent < stats.envelopes_sent / 5  # batched, not one per write
+    assert a.statistics().links_opened == 1  # one link for both directions
+
+
+def test_controller_actors_on_two_nodes_deliver_in_order(nodes: list[Node]) -> None:
+    a, b = start(nodes), start(nodes)
+    received: list[Any] = []
+    done = threading.Event()
+
+    class Numbers(pykka.ThreadingActor):
+        sent = 0
+
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, RequestNext) and self.sent < 500:
+                self.sent += 1
+                message.send_next_to.tell(self.sent)
+
+    class Record(pykka.ThreadingActor):
+        def on_receive(self, delivery: Any) -> None:
+            received.append(delivery.message)
+            delivery.confirm()
+            if len(received) == 500:
+                done.set()
+
+    pc = ProducerController.start("nums", self_ref_factory=a.expose("nums"))
+    cc = ConsumerController.start(FAST, self_ref_factory=b.expose("nums-consumer"))
+    cc.tell(ConsumerController.Start(Record.start()))
+    pc.tell(ProducerController.Start(Numbers.start()))
+    cc.tell(RegisterToProducerController(b.ref(f"{a.address}/nums")))
+
+    assert done.wait(WAIT), f"got {len(received)}"
+    assert received == list(range(1, 501))
+
+
+def test_a_ref_to_this_nodes_own_address_is_told_directly(nodes: list[Node]) -> None:
+    a = start(nodes)
+    producer, consumer = connect(a, a)
+    reader = Reader(consumer, 100)
+
+    send_all(producer, range(100))
+
+    assert reader.wait() == list(range(100))
+    assert a.statistics().frames_sent == 0
+
+
+def test_refs_to_the_same_address_are_equal_and_a_bad_address_is_refused(
+    nodes: list[Node],
+) -> None:
+    a = start(nodes)
+
+    assert a.ref("127.0.0.1:1/x") == a.ref("127.0.0.1:1/x")
+    assert a.ref("127.0.0.1:1/x") != a.ref("127.0.0.1:1/y")
+    with pytest.raises(ValueError, match="host:port/name"):
+        a.ref("no-slash")
+
+
+def test_a_local_object_that_was_not_exposed_cannot_be_sent_across(nodes: list[Node]) -> None:
+    a, b = start(nodes), start(nodes)
+    producer = Producer("p")  # not exposed on any node
+    producer.register_consumer(b.ref(f"{b.address}/nobody"))
+
+    producer.send("m", timeout=WAIT)  # accepted by the producer, refused by the link
+
+    deadline = time.monotonic() + WAIT
+    while a.statistics().dropped_unsendable == 0 and b.statistics().unknown_target == 0:
+        assert time.monotonic() < deadline, "the unsendable message was not reported"
+        time.sleep(0.01)
+
+
+# --- faults ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def behind_proxy(nodes: list[Node], proxy_factory: Any) -> tuple[Node, TcpProxy]:
+    """A node known to the world by a proxy's address, so both directions of every link
+    to it go through the proxy."""
+    port = free_port()
+    proxy = proxy_factory(("127.0.0.1", port)).start()
+    advertised = f"{proxy.address[0]}:{proxy.address[1]}"
+    node = start(nodes, NodeSettings(port=port, advertised_address=advertised))
+    return node, proxy
+
+
+def test_cutting_the_link_mid_stream_several_times_loses_and_duplicates_nothing(
+    nodes: list[Node],
+) -> None:
+    a, proxy = behind_proxy(nodes, TcpProxy)
+    try:
+        b = start(nodes, NodeSettings(reconnect_backoff_min=0.01, reconnect_backoff_max=0.1))
+        producer, consumer = connect(a, b)
+        reader = Reader(consumer, 5_000)
+
+        for chunk in range(5):
+            send_all(producer, range(chunk * 1_000, (chunk + 1) * 1_000))
+            proxy.cut()
+
+        assert reader.wait() == list(range(5_000))
+        assert b.statistics().links_lost >= 1
+        assert b.statistics().links_opened >= 2  # it really linked again (either side dials)
+    finally:
+        proxy.stop()
+
+
+def test_a_stalled_link_delivers_everything_once_it_flows_again(nodes: list[Node]) -> None:
+    a, proxy = behind_proxy(nodes, TcpProxy)
+    try:
+        b = start(nodes)
+        producer, consumer = connect(a, b)
+        reader = Reader(consumer, 300)
+        send_all(producer, range(100))
+        reader.done.clear()
+
+        proxy.stall(True)
+        sender = threading.Thread(target=send_all, args=(producer, range(100, 300)))
+        sender.start()
+        sender.join(0.3)  # it blocks once the window is used up
+        proxy.stall(False)
+        sender.join(WAIT)
+
+        assert reader.wait() == list(range(300))
+    finally:
+        proxy.stop()
+
+
+# --- security and bad input ------------------------------------------------------------
+
+
+def test_a_node_without_the_token_is_refused_and_nothing_arrives(nodes: list[Node]) -> None:
+    a = start(nodes, NodeSettings(token="s3cret"))
+    b = start(nodes, NodeSettings(token="wrong", reconnect_backoff_min=0.05))
+    producer, consumer = connect(a, b)
+
+    with pytest.raises(Exception):  # noqa: B017 - DeliveryTimeout: no demand ever
+        producer.send("m", timeout=1.0)
+
+    assert a.statistics().rejected_links >= 1
+    consumer.close()
+
+
+def test_nodes_sharing_the_token_link(nodes: list[Node]) -> None:
+    a = start(nodes, NodeSettings(token="s3cret"))
+    b = start(nodes, NodeSettings(token="s3cret"))
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 10)
+
+    send_all(producer, range(10))
+
+    assert reader.wait() == list(range(10))
+
+
+def test_mutual_tls_round_trip_with_generated_certificates(
+    nodes: list[Node],
+    tls_files: TlsFiles,  # noqa: F811 - fixture
+) -> None:
+    server_tls = TlsSettings(tls_files.server_cert, tls_files.server_key, tls_files.ca_cert)
+    client_tls = TlsSettings(tls_files.client_cert, tls_files.client_key, tls_files.ca_cert)
+    a = start(nodes, NodeSettings(tls=server_tls))
+    b = start(nodes, NodeSettings(tls=client_tls))
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 50)
+
+    send_all(producer, range(50))
+
+    assert reader.wait() == list(range(50))
+
+
+def test_a_client_trusting_another_ca_is_refused(
+    nodes: list[Node],
+    tls_files: TlsFiles,  # noqa: F811 - fixture
+) -> None:
+    server_tls = TlsSettings(tls_files.server_cert, tls_files.server_key, tls_files.ca_cert)
+    wrong = TlsSettings(tls_files.client_cert, tls_files.client_key, tls_files.other_ca_cert)
+    a = start(nodes, NodeSettings(tls=server_tls))
+    b = start(nodes, NodeSettings(tls=wrong, connect_timeout=0.5))
+    producer, consumer = connect(a, b)
+
+    with pytest.raises(Exception):  # noqa: B017 - no link, so no demand
+        producer.send("m", timeout=1.0)
+
+    assert not b.is_linked(a.address)
+    consumer.close()
+
+
+def test_plaintext_on_a_non_loopback_host_is_refused_with_the_fix_named() -> None:
+    with pytest.raises(ValueError, match="tls=TlsSettings"):
+        NodeSettings(host="0.0.0.0")
+
+
+def test_a_message_above_max_message_bytes_is_refused_naming_the_setting(
+    nodes: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    a = start(nodes, NodeSettings(max_message_bytes=2048))
+    b = start(nodes, NodeSettings(max_message_bytes=2048))
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 2)
+
+    producer.send(b"x" * 10_000, timeout=WAIT)  # too large for the link: never arrives
+    deadline = time.monotonic() + WAIT
+    while a.statistics().dropped_unsendable == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    assert "max_message_bytes" in caplog.text
+    assert reader.messages == []
+
+
+def test_garbage_on_the_link_is_refused_and_the_node_keeps_serving(nodes: list[Node]) -> None:
+    a, b = start(nodes), start(nodes)
+    with grpc.insecure_channel(a.address) as channel:
+        link = channel.stream_stream(
+            "/pykka_delivery.transport.v1.Node/Link",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError):
+            list(link(iter([b"\xff\xfe not a frame"]), timeout=5))
+        no_hello = transport_pb2.Frame()
+        no_hello.envelopes.add(target="x")
+        with pytest.raises(grpc.RpcError) as refused:
+            list(link(iter([no_hello.SerializeToString()]), timeout=5))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 10)
+    send_all(producer, range(10))
+    assert reader.wait() == list(range(10))
+
+
+def test_malformed_envelopes_and_unknown_targets_are_counted_not_fatal(
+    nodes: list[Node],
+) -> None:
+    a = start(nodes)
+    frame = transport_pb2.Frame()
+    frame.hello.node = "127.0.0.1:9"
+    frame.envelopes.add(target="nobody").ack.confirmed_seq_nr = 1
+    frame.envelopes.add(target="nobody")  # no body at all
+    with grpc.insecure_channel(a.address) as channel:
+        link = channel.stream_stream(
+            "/pykka_delivery.transport.v1.Node/Link",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        list(link(iter([frame.SerializeToString()]), timeout=5))  # ends when we half-close
+
+    stats = a.statistics()
+    assert stats.malformed == 1
+    assert stats.unknown_target == 1
+
+
+def test_every_node_serves_the_standard_health_check(nodes: list[Node]) -> None:
+    a = start(nodes)
+    with grpc.insecure_channel(a.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
