@@ -9,6 +9,8 @@ import logging
 
 from pykka_delivery.actors import (
     CONFIRMED,
+    AsyncConsumer,
+    AsyncProducer,
     Confirmed,
     Consumer,
     ConsumerController,
@@ -35,6 +37,8 @@ from pykka_delivery.transport.local import LossyRef
 
 __all__ = [
     "CONFIRMED",
+    "AsyncConsumer",
+    "AsyncProducer",
     "ClosedError",
     "Confirmed",
     "Consumer",

@@ -2,9 +2,11 @@
 
 * Pure state machines: `ProducerCore`, `ConsumerCore` (messages in, effects out).
 * pykka actors running them: `ProducerController`, `ConsumerController`.
-* Handles for code that is not an actor: `Producer`, `Consumer`.
+* Handles for code that is not an actor: `Producer`, `Consumer`, and their asyncio
+  flavours `AsyncProducer`, `AsyncConsumer`.
 """
 
+from pykka_delivery.actors.async_handles import AsyncConsumer, AsyncProducer
 from pykka_delivery.actors.consumer_controller import ConsumerController
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerPhase, ConsumerStats
 from pykka_delivery.actors.consumer_handle import Consumer
@@ -35,6 +37,8 @@ from pykka_delivery.actors.timers import TimerService
 __all__ = [
     "CONFIRMED",
     "Ack",
+    "AsyncConsumer",
+    "AsyncProducer",
     "ChunkedMessage",
     "Confirmed",
     "Consumer",

@@ -20,7 +20,8 @@ woken with ``call_soon_threadsafe`` only when something has to happen now:
 
 Arrivals on the loop's own thread (the other handle in the same loop) are handled at
 once, without scheduling anything. A batch therefore costs at most one wake-up of the
-loop, never one per message.
+loop, never one per message. Both endpoints also take a transport's whole batch in one
+call (``tell_many``, as the blocking handles' endpoints do).
 
 Lost wake-ups are avoided as in the blocking handles: a task that parks first announces it
 (``_waiter`` / ``_busy = False``), then looks at the inbox once more; a thread that
@@ -100,12 +101,22 @@ class _ProducerEndpoint:
     def tell(self, message: Any) -> None:
         producer = self._producer
         producer._inbox.append(message)
+        self._arrived()
+
+    def tell_many(self, messages: list[Any]) -> None:
+        """A whole batch from a transport: queued at once, processed once."""
+        self._producer._inbox.extend(messages)
+        self._arrived()
+
+    def _arrived(self) -> None:
+        producer = self._producer
         if producer._busy:
             return  # a producer call runs on the loop: it processes this before returning
         if get_ident() == producer._loop_thread:
             producer._process()  # on the loop, idle: process now, as the blocking handle
         elif not producer._scheduled:
-            pass
+            producer._scheduled = True
+            _call_in_loop(producer._loop, producer._process_scheduled)
 
 
 class _ReplySlot:
@@ -475,6 +486,18 @@ class _ConsumerEndpoint:
         if waiter is not None and not waiter.woken:
             # The first arrival wakes the parked reader; the rest of the batch finds it
             # woken and only appends.
+            waiter.woken = True
+            if get_ident() == consumer._loop_thread:
+                _wake(waiter.future)
+            else:
+                _call_in_loop(consumer._loop, _wake, waiter.future)
+
+    def tell_many(self, messages: list[Any]) -> None:
+        """A whole batch from a transport: one append, at most one wake-up."""
+        consumer = self._consumer
+        consumer._inbox.extend(messages)
+        waiter = consumer._waiter
+        if waiter is not None and not waiter.woken:
             waiter.woken = True
             if get_ident() == consumer._loop_thread:
                 _wake(waiter.future)
