@@ -299,9 +299,9 @@ class TcpProxy:
             self._cut_all()
             self._run_commands()  # answer anyone who raced with the stop
             selector.close()
-            for sock in (self._listener, self._wake_r):
-                if sock is not None:
-                    sock.close()
+            for own in (self._listener, self._wake_r):
+                if own is not None:
+                    own.close()
             self._listener = None
             self._wake_r = None
 

@@ -30,6 +30,7 @@ import hmac
 import logging
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -176,6 +177,11 @@ class _Peer:
         if self.idle:
             self.idle = False
             self.node._loop.call_soon_threadsafe(self.wake.set)
+            if threading.get_ident() != self.node._loop_thread_id:
+                # Let the node's thread take the GIL now and write: otherwise a busy
+                # application thread keeps it for a whole switch interval (5 ms), and the
+                # message (a Request the other side is waiting for) sits in the outbox.
+                time.sleep(0)
 
     async def run(self) -> None:
         """The writer: one frame per write, holding everything that was waiting."""
@@ -321,6 +327,7 @@ class Node:
             target=self._loop.run_forever, name="pykka-delivery-node", daemon=True
         )
         self._server: grpc.aio.Server | None = None
+        self._loop_thread_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.address = ""  # host:port others reach this node at (set by start)
         self.bound_address = ""  # host:port the server listens on
@@ -534,10 +541,14 @@ class Node:
             ("grpc.max_receive_message_length", s.max_message_bytes + 1024),
             ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
+            # What really ends a stream whose pings go unanswered (a stalled connection):
+            # keepalive_timeout_ms alone does not (measured, grpcio 1.85).
+            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.http2.min_ping_interval_without_data_ms", int(s.keepalive_time * 500)),
             ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
             # A large initial HTTP/2 stream window: a frame is written without waiting for
             # the other side's WINDOW_UPDATE, which needs its (GIL-sharing) reader to run.
@@ -545,6 +556,7 @@ class Node:
         ]
 
     async def _start_server(self) -> int:
+        self._loop_thread_id = threading.get_ident()
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
         transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]

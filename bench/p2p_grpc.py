@@ -1,0 +1,297 @@
+"""Point-to-point delivery between two processes over gRPC, against two ceilings.
+
+The producer runs in this process, the consumer in a child process; one-by-one
+confirmation, 100-byte payloads. Measured in the same run:
+
+* ``handle``: `Producer` -> `Consumer` handles, windows 50 and 500 (msgs/s);
+* ``actor``: producer actor -> ProducerController -> ConsumerController -> consumer actor,
+  window 500 (msgs/s);
+* ``latency``: end-to-end latency through the handles (window 500) at fixed rates of
+  2 000, 10 000 and 100 000 msgs/s: the payload carries the CLOCK_MONOTONIC send time
+  (shared by both processes) and the consumer takes the difference on receipt;
+* ceiling ``grpc``: a raw bidirectional gRPC stream moving the same SequencedMessage
+  envelopes batched 500 per frame, no flow control, no confirmation;
+* ceiling ``pykka_pingpong``: a raw pykka ping-pong (each message waits for its reply).
+
+The last line printed is one JSON object with the figures.
+
+Usage: python bench/p2p_grpc.py [--messages N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pykka
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.p2p_local import pykka_pingpong  # noqa: E402
+from pykka_delivery import (  # noqa: E402
+    Consumer,
+    ConsumerController,
+    ConsumerControllerSettings,
+    Producer,
+    ProducerController,
+    RegisterToProducerController,
+    RequestNext,
+)
+from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc  # noqa: E402
+from pykka_delivery.transport import Node  # noqa: E402
+
+PAYLOAD = b"x" * 100
+RAW_BATCH = 500
+
+
+# --- child process: the consumer side ------------------------------------------------
+
+
+def child_handle(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
+    with Node() as node:
+        settings = ConsumerControllerSettings(flow_control_window=window)
+        consumer = Consumer(settings, self_ref_factory=node.expose("bench-consumer"))
+        consumer.register_to(node.ref(producer_path))
+        delays: list[float] = []
+        started = 0.0
+        for delivery in consumer:
+            if latency:
+                delays.append(time.monotonic() - float(delivery.message[:20]))
+            elif delivery.seq_nr == 1:
+                started = time.perf_counter()
+            delivery.confirm()
+            if delivery.seq_nr >= count:
+                break
+        seconds = time.perf_counter() - started
+        consumer.close()
+    if latency:
+        delays.sort()
+        return {
+            "p50_ms": delays[len(delays) // 2] * 1000,
+            "p99_ms": delays[int(len(delays) * 0.99)] * 1000,
+            "max_ms": delays[-1] * 1000,
+        }
+    return {"msgs_per_s": (count - 1) / seconds}
+
+
+class _Confirmer(pykka.ThreadingActor):
+    def __init__(self, count: int, done: threading.Event) -> None:
+        super().__init__()
+        self.count = count
+        self.done = done
+        self.started = 0.0
+
+    def on_receive(self, delivery: Any) -> None:
+        if delivery.seq_nr == 1:
+            self.started = time.perf_counter()
+        delivery.confirm()
+        if delivery.seq_nr >= self.count:
+            self.done.set()
+
+
+def child_actor(producer_path: str, count: int, window: int) -> dict[str, Any]:
+    with Node() as node:
+        done = threading.Event()
+        confirmer = _Confirmer.start(count, done)
+        settings = ConsumerControllerSettings(flow_control_window=window)
+        cc = ConsumerController.start(settings, self_ref_factory=node.expose("bench-cc"))
+        cc.tell(ConsumerController.Start(confirmer))
+        cc.tell(RegisterToProducerController(node.ref(producer_path)))
+        done.wait(600)
+        seconds = time.perf_counter() - confirmer.proxy().started.get()
+        pykka.ActorRegistry.stop_all()
+    return {"msgs_per_s": (count - 1) / seconds}
+
+
+class _RawServicer(transport_pb2_grpc.NodeServicer):
+    def __init__(self, count: int, done: asyncio.Event) -> None:
+        self.count = count
+        self.done = done
+        self.started = 0.0
+        self.received = 0
+
+    async def Link(self, request_iterator: Any, context: Any) -> None:
+        async for frame in request_iterator:
+            if not self.started:
+                self.started = time.perf_counter()
+            for envelope in frame.envelopes:  # touch each message as a consumer would
+                _ = envelope.sequenced.payload.data
+            self.received += len(frame.envelopes)
+            if self.received >= self.count:
+                self.done.set()
+                return
+
+
+def child_raw(port_file: str, count: int) -> dict[str, Any]:
+    async def serve() -> dict[str, Any]:
+        done = asyncio.Event()
+        servicer = _RawServicer(count, done)
+        server = grpc.aio.server()
+        transport_pb2_grpc.add_NodeServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        Path(port_file).write_text(str(port))
+        await done.wait()
+        seconds = time.perf_counter() - servicer.started
+        await server.stop(0.5)
+        return {"msgs_per_s": count / seconds}
+
+    return asyncio.run(serve())
+
+
+# --- parent process: the producer side -------------------------------------------------
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, __file__, "--child", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def result_of(child: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = child.communicate(timeout=600)
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def run_handle(count: int, window: int, rate: float | None = None) -> dict[str, Any]:
+    with Node() as node:
+        producer = Producer("bench", self_ref_factory=node.expose("bench"))
+        child = spawn("handle", f"{node.address}/bench", str(count), str(window), str(bool(rate)))
+        period = 0.001
+        per_tick = max(1, round((rate or 0) * period))
+        next_tick = time.monotonic()
+        sent = 0
+        while sent < count:
+            if rate:
+                for _ in range(min(per_tick, count - sent)):
+                    stamp = f"{time.monotonic():<20.9f}".encode()
+                    producer.send(stamp + PAYLOAD[20:], timeout=120)
+                    sent += 1
+                next_tick += period
+                pause = next_tick - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            else:
+                producer.send(PAYLOAD, timeout=120)
+                sent += 1
+        result = result_of(child)
+        producer.close()
+    return result
+
+
+class _Numbers(pykka.ThreadingActor):
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+        self.sent = 0
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, RequestNext) and self.sent < self.count:
+            self.sent += 1
+            message.send_next_to.tell(PAYLOAD)
+
+
+def run_actor(count: int, window: int) -> dict[str, Any]:
+    with Node() as node:
+        pc = ProducerController.start("bench-actor", self_ref_factory=node.expose("bench-pc"))
+        pc.tell(ProducerController.Start(_Numbers.start(count)))
+        child = spawn("actor", f"{node.address}/bench-pc", str(count), str(window))
+        result = result_of(child)
+        pykka.ActorRegistry.stop_all()
+    return result
+
+
+def run_raw(count: int, port_file: Path) -> dict[str, Any]:
+    port_file.unlink(missing_ok=True)
+    child = spawn("raw", str(port_file), str(count))
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError("raw server did not start")
+        time.sleep(0.01)
+    port = int(port_file.read_text())
+
+    async def push() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = transport_pb2_grpc.NodeStub(channel).Link()
+            sent = 0
+            while sent < count:
+                frame = transport_pb2.Frame()
+                for _ in range(min(RAW_BATCH, count - sent)):
+                    envelope = frame.envelopes.add()
+                    envelope.target = "bench-consumer"
+                    message = envelope.sequenced
+                    message.producer_id = "bench"
+                    message.seq_nr = sent + 1
+                    message.producer_controller = "127.0.0.1:1/bench"
+                    message.payload.serializer_id = 1
+                    message.payload.data = PAYLOAD
+                    sent += 1
+                await call.write(frame)
+            await call.done_writing()
+            async for _ in call:
+                pass
+
+    asyncio.run(push())
+    return result_of(child)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        role, *args = sys.argv[2:]
+        if role == "handle":
+            out = child_handle(args[0], int(args[1]), int(args[2]), args[3] == "True")
+        elif role == "actor":
+            out = child_actor(args[0], int(args[1]), int(args[2]))
+        else:
+            out = child_raw(args[0], int(args[1]))
+        print(json.dumps(out), flush=True)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--quick", action="store_true", help="fewer messages, for a smoke run")
+    args = parser.parse_args()
+    n = 20_000 if args.quick else args.messages
+    port_file = Path(f"/tmp/pykka-delivery-bench-{os.getpid()}.port")
+    figures: dict[str, Any] = {}
+    figures["grpc_ceiling_msgs_per_s"] = run_raw(n, port_file)["msgs_per_s"]
+    figures["pykka_pingpong_msgs_per_s"] = pykka_pingpong(20_000)
+    figures["handle_msgs_per_s"] = run_handle(n, 500)["msgs_per_s"]
+    figures["handle_w50_msgs_per_s"] = run_handle(n // 2, 50)["msgs_per_s"]
+    figures["actor_msgs_per_s"] = run_actor(n // 10, 500)["msgs_per_s"]
+    for rate, key in ((2_000, "2k"), (10_000, "10k"), (100_000, "100k")):
+        seconds = 2.0 if args.quick else 5.0
+        latency = run_handle(max(2_000, int(rate * seconds)), 500, rate)
+        figures[f"p50_ms_at_{key}"] = latency["p50_ms"]
+        figures[f"p99_ms_at_{key}"] = latency["p99_ms"]
+    figures["handle_vs_grpc_ceiling"] = (
+        figures["handle_msgs_per_s"] / figures["grpc_ceiling_msgs_per_s"]
+    )
+    figures["actor_vs_pingpong"] = (
+        figures["actor_msgs_per_s"] / figures["pykka_pingpong_msgs_per_s"]
+    )
+    for key, value in figures.items():
+        print(
+            f"{key:<28}{value:>14,.3f}"
+            if "ms" in key or "_vs_" in key
+            else f"{key:<28}{value:>14,.0f}"
+        )
+    print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()
