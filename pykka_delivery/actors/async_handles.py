@@ -38,6 +38,12 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import Any, NoReturn
 
+from pykka_delivery.actors._handle_parts import (
+    DeliveryFeed,
+    Ignore,
+    ReadyDeliveries,
+    ReplySlot,
+)
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
 from pykka_delivery.actors.messages import (
@@ -45,7 +51,6 @@ from pykka_delivery.actors.messages import (
     Ref,
     RegisterConsumer,
     RequestNext,
-    SequencedMessage,
 )
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.actors.settings import ConsumerControllerSettings, ProducerControllerSettings
@@ -119,27 +124,6 @@ class _ProducerEndpoint:
             _call_in_loop(producer._loop, producer._process_scheduled)
 
 
-class _ReplySlot:
-    """``reply_to`` of a `send_and_confirm`: the seq_nr lands here."""
-
-    __slots__ = ("seq_nr",)
-
-    def __init__(self) -> None:
-        self.seq_nr: int | None = None
-
-    def tell(self, message: Any) -> None:
-        self.seq_nr = message
-
-
-class _Ignore:
-    """The core's "producer": the handle reads demand from the core, not from RequestNext."""
-
-    __slots__ = ()
-
-    def tell(self, message: Any) -> None:
-        pass
-
-
 class AsyncProducer:
     """Sends messages reliably to one consumer, from asyncio code.
 
@@ -187,7 +171,7 @@ class AsyncProducer:
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
-        self._ignore = _Ignore()
+        self._ignore = Ignore()
         self._timers = Timers(self._endpoint.tell, timer_service)
         self._core = ProducerCore(
             producer_id,
@@ -271,7 +255,7 @@ class AsyncProducer:
             _wrong_thread("AsyncProducer")
         loop = self._loop
         deadline = None if timeout is None else loop.time() + timeout
-        slot = _ReplySlot()
+        slot = ReplySlot()
         self._busy = True
         try:
             await self._wait_for(self._has_demand, timeout, "demand to send")
@@ -519,19 +503,7 @@ class _ConfirmTo:
         self._consumer._confirm(self)
 
 
-class _Ready:
-    """The core's "consumer": deliveries the core hands out wait here for `receive`."""
-
-    __slots__ = ("deliveries",)
-
-    def __init__(self) -> None:
-        self.deliveries: deque[Delivery] = deque()
-
-    def tell(self, message: Any) -> None:
-        self.deliveries.append(message)
-
-
-class AsyncConsumer:
+class AsyncConsumer(DeliveryFeed):
     """Receives one producer's messages reliably, in order, one at a time, in asyncio code.
 
     Iterate it, confirming each delivery when it is processed::
@@ -578,7 +550,7 @@ class AsyncConsumer:
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
-        self._ready = _Ready()
+        self._ready = ReadyDeliveries()
         self._timers = Timers(self._endpoint.tell, timer_service)
         # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
         # cannot confirm the current one.
@@ -764,27 +736,6 @@ class AsyncConsumer:
         if waiter is not None:
             waiter.woken = True
             _wake(waiter.future)
-
-    def _feed(self, message: Any) -> None:
-        if type(message) is SequencedMessage:
-            self._run(self._core.on_sequenced(message))
-        elif type(message) is TimerFired:
-            if self._timers.accept(message):
-                self._run(self._core.on_timer(message.key))
-        else:
-            consumer_logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
-
-    def _next_ready(self) -> Delivery | None:
-        """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
-        ready = self._ready.deliveries
-        inbox = self._inbox
-        while not ready and inbox:
-            self._feed(inbox.popleft())
-        if not ready:
-            return None
-        delivery = ready.popleft()
-        self._outstanding = delivery
-        return delivery
 
     def _check_confirm(self, confirm_to: _ConfirmTo) -> None:
         """Any thread: raise unless ``confirm_to`` is the outstanding delivery's, unused."""

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pykka_delivery.actors._handle_parts import DeliveryFeed, ReadyDeliveries
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
-from pykka_delivery.actors.messages import Delivery, Ref, SequencedMessage
+from pykka_delivery.actors.messages import Delivery, Ref
 from pykka_delivery.actors.settings import ConsumerControllerSettings
-from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
+from pykka_delivery.actors.timers import Timers, TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
 from pykka_delivery.protocol.serialization import Serialization
 
@@ -73,19 +74,7 @@ class _ConfirmTo:
         self._consumer._confirm(self)
 
 
-class _Ready:
-    """The core's "consumer": deliveries the core hands out wait here for `receive`."""
-
-    __slots__ = ("deliveries",)
-
-    def __init__(self) -> None:
-        self.deliveries: deque[Delivery] = deque()
-
-    def tell(self, message: Any) -> None:
-        self.deliveries.append(message)
-
-
-class Consumer:
+class Consumer(DeliveryFeed):
     """Receives one producer's messages reliably, in order, one at a time.
 
     Use it as an iterator, confirming each delivery when it is processed::
@@ -124,7 +113,7 @@ class Consumer:
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
-        self._ready = _Ready()
+        self._ready = ReadyDeliveries()
         self._timers = Timers(self._endpoint.tell, timer_service)
         # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
         # cannot confirm the current one.
@@ -278,27 +267,6 @@ class Consumer:
         finally:
             self._waiting = False
         self._check_open()
-
-    def _feed(self, message: Any) -> None:
-        if type(message) is SequencedMessage:
-            self._run(self._core.on_sequenced(message))
-        elif type(message) is TimerFired:
-            if self._timers.accept(message):
-                self._run(self._core.on_timer(message.key))
-        else:
-            logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
-
-    def _next_ready(self) -> Delivery | None:
-        """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
-        ready = self._ready.deliveries
-        inbox = self._inbox
-        while not ready and inbox:
-            self._feed(inbox.popleft())
-        if not ready:
-            return None
-        delivery = ready.popleft()
-        self._outstanding = delivery
-        return delivery
 
     def _confirm(self, confirm_to: _ConfirmTo) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from pykka_delivery.actors._handle_parts import Ignore, ReplySlot
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
 from pykka_delivery.actors.messages import Ref, RegisterConsumer, RequestNext
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
@@ -48,27 +49,6 @@ class _Endpoint:
     def tell_many(self, messages: list[Any]) -> None:
         """A whole batch from a transport: queued at once, processed once."""
         self._producer._inbound_many(messages)
-
-
-class _ReplySlot:
-    """``reply_to`` of a `send_and_confirm`: the seq_nr lands here."""
-
-    __slots__ = ("seq_nr",)
-
-    def __init__(self) -> None:
-        self.seq_nr: int | None = None
-
-    def tell(self, message: Any) -> None:
-        self.seq_nr = message
-
-
-class _Ignore:
-    """The core's "producer": the handle reads demand from the core, not from RequestNext."""
-
-    __slots__ = ()
-
-    def tell(self, message: Any) -> None:
-        pass
 
 
 class Producer:
@@ -103,7 +83,7 @@ class Producer:
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
-        self._ignore = _Ignore()
+        self._ignore = Ignore()
         self._closed = False
         self._sleeping = False  # the lock holder is about to wait for a change
         self._timers = Timers(self._endpoint.tell, timer_service)
@@ -173,7 +153,7 @@ class Producer:
                 was sent, it stays in the stream and will still be delivered).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        slot = _ReplySlot()
+        slot = ReplySlot()
         with self._lock:
             self._wait_for(self._has_demand, timeout, "demand to send")
             self._run(self._core.on_msg(message, slot))

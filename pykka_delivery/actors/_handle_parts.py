@@ -1,0 +1,84 @@
+"""Pieces the blocking and the asyncio handles share (how they wait differs; this not)."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from pykka_delivery.actors.consumer_core import ConsumerCore
+from pykka_delivery.actors.effects import Effect
+from pykka_delivery.actors.messages import Delivery, SequencedMessage
+from pykka_delivery.actors.timers import TimerFired, Timers
+
+__all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot"]
+
+logger = logging.getLogger("pykka_delivery.consumer")
+
+
+class ReplySlot:
+    """``reply_to`` of a ``send_and_confirm``: the seq_nr lands here."""
+
+    __slots__ = ("seq_nr",)
+
+    def __init__(self) -> None:
+        self.seq_nr: int | None = None
+
+    def tell(self, message: Any) -> None:
+        self.seq_nr = message
+
+
+class Ignore:
+    """A producer handle's core's "producer": demand is read from the core instead."""
+
+    __slots__ = ()
+
+    def tell(self, message: Any) -> None:
+        pass
+
+
+class ReadyDeliveries:
+    """A consumer handle's core's "consumer": deliveries wait here to be received."""
+
+    __slots__ = ("deliveries",)
+
+    def __init__(self) -> None:
+        self.deliveries: deque[Delivery] = deque()
+
+    def tell(self, message: Any) -> None:
+        self.deliveries.append(message)
+
+
+class DeliveryFeed:
+    """Feeding a consumer handle's inbox to its core, one message at a time, only until
+    the core hands out a delivery (so the core's stash stays empty)."""
+
+    _ready: ReadyDeliveries
+    _inbox: deque[Any]
+    _core: ConsumerCore
+    _timers: Timers
+    _outstanding: Delivery | None
+
+    def _run(self, effects: list[Effect]) -> None:
+        raise NotImplementedError  # pragma: no cover - each handle carries out its effects
+
+    def _feed(self, message: Any) -> None:
+        if type(message) is SequencedMessage:
+            self._run(self._core.on_sequenced(message))
+        elif type(message) is TimerFired:
+            if self._timers.accept(message):
+                self._run(self._core.on_timer(message.key))
+        else:
+            logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
+
+    def _next_ready(self) -> Delivery | None:
+        """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
+        ready = self._ready.deliveries
+        inbox = self._inbox
+        while not ready and inbox:
+            self._feed(inbox.popleft())
+        if not ready:
+            return None
+        delivery = ready.popleft()
+        self._outstanding = delivery
+        return delivery
