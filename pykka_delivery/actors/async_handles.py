@@ -61,7 +61,6 @@ from pykka_delivery.protocol.serialization import Serialization
 __all__ = ["AsyncConsumer", "AsyncProducer"]
 
 producer_logger = logging.getLogger("pykka_delivery.producer")
-consumer_logger = logging.getLogger("pykka_delivery.consumer")
 
 
 def _wrong_thread(handle: str) -> NoReturn:

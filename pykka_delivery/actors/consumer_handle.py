@@ -13,7 +13,6 @@ side never sends more than the flow-control window, so it stays bounded.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -30,8 +29,6 @@ from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolErr
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = ["Consumer"]
-
-logger = logging.getLogger("pykka_delivery.consumer")
 
 
 class _Endpoint:
