@@ -61,6 +61,7 @@ from pykka_delivery.actors.messages import (
     ConsumerStart,
     DeliverThenStop,
     Delivery,
+    PeerLinkChanged,
     Ref,
     RegisterConsumer,
     RegisterToProducerController,
@@ -625,3 +626,30 @@ def test_confirmed_without_delivery_is_refused_and_leaves_state_unchanged() -> N
 def test_window_of_zero_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match="flow_control_window must be at least 1, got 0"):
         ConsumerControllerSettings(flow_control_window=0)
+
+
+# --- transport events --------------------------------------------------------------------
+
+
+def test_link_to_the_producers_node_coming_back_makes_the_consumer_retry_at_once() -> None:
+    rig = start()
+    rig.pc.node_address = "127.0.0.1:7001"  # type: ignore[attr-defined] - as a RemoteRef has
+    open_session(rig)
+    rig.deliver_and_confirm(2)
+
+    rig.feed(PeerLinkChanged("127.0.0.1:7001", up=True))
+
+    rig.pc.expect(Request(2, 20, True, True))  # no waiting for the retry timer
+    rig.pc.expect_no_message()
+
+
+def test_links_to_other_nodes_and_lost_links_change_nothing() -> None:
+    rig = start()
+    rig.pc.node_address = "127.0.0.1:7001"  # type: ignore[attr-defined]
+    open_session(rig)
+
+    rig.feed(PeerLinkChanged("127.0.0.1:9999", up=True))
+    rig.feed(PeerLinkChanged("127.0.0.1:7001", up=False))
+
+    rig.pc.expect_no_message()
+    assert rig.snapshot().phase is ConsumerPhase.ACTIVE

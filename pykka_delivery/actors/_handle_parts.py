@@ -8,7 +8,7 @@ from typing import Any
 
 from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.effects import Effect
-from pykka_delivery.actors.messages import Delivery, SequencedMessage
+from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedMessage
 from pykka_delivery.actors.timers import TimerFired, Timers
 
 __all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot"]
@@ -68,6 +68,8 @@ class DeliveryFeed:
         elif type(message) is TimerFired:
             if self._timers.accept(message):
                 self._run(self._core.on_timer(message.key))
+        elif type(message) is PeerLinkChanged:
+            self._run(self._core.on_peer_link_changed(message))
         else:
             logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
 

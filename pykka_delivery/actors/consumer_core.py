@@ -53,6 +53,7 @@ from pykka_delivery.actors.messages import (
     ConsumerStart,
     DeliverThenStop,
     Delivery,
+    PeerLinkChanged,
     Ref,
     RegisterConsumer,
     RegisterToProducerController,
@@ -209,6 +210,7 @@ class ConsumerCore:
             ConsumerStart: lambda m: self.on_start(m.deliver_to),
             RegisterToProducerController: lambda m: self.on_register_to(m.producer_controller),
             DeliverThenStop: lambda _: self.on_deliver_then_stop(),
+            PeerLinkChanged: self.on_peer_link_changed,
         }
 
     # --- queries ---------------------------------------------------------------------
@@ -410,6 +412,21 @@ class ConsumerCore:
             return []
         return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
 
+    def on_peer_link_changed(self, event: PeerLinkChanged) -> list[Effect]:
+        """The link to a node came back: if our producer controller (or the one we are
+        registering to) lives there, retry now rather than at the next timer tick, since
+        whatever was in flight when the link broke is lost."""
+        phase = self.phase
+        if not event.up or phase not in (ConsumerPhase.ACTIVE, ConsumerPhase.RESENDING):
+            return []
+        peer_ref = self.registering if self.registering is not None else self.producer_controller
+        if getattr(peer_ref, "node_address", None) != event.peer:
+            return []
+        logger.debug("Link to %s restored: retrying now", event.peer)
+        effects: list[Effect] = []
+        self._retry_now(effects)
+        return effects
+
     def on_timer(self, key: str) -> list[Effect]:
         """A timer started by this core fired."""
         if key != RETRY:
@@ -432,6 +449,12 @@ class ConsumerCore:
         if interval != self._retry_interval:
             self._retry_interval = interval
             effects.append(StartTimer(RETRY, interval))
+        self._retry_now(effects)
+        return effects
+
+    def _retry_now(self, effects: list[Effect]) -> None:
+        """Repeat what the peer may have missed: registration, Request, or Resend."""
+        phase = self.phase
         if self.registering is not None:
             effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
         elif phase is ConsumerPhase.ACTIVE:
@@ -440,7 +463,6 @@ class ConsumerCore:
             assert self.producer_controller is not None
             logger.debug("Retry sending Resend from seq_nr %d", self.received_seq_nr + 1)
             effects.append(Send(self.producer_controller, Resend(self.received_seq_nr + 1)))
-        return effects
 
     # --- per-phase handling of a SequencedMessage ------------------------------------
 

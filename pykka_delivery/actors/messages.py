@@ -35,6 +35,7 @@ __all__ = [
     "DeliverThenStop",
     "Delivery",
     "MessageWithConfirmation",
+    "PeerLinkChanged",
     "ProducerStart",
     "Ref",
     "RegisterConsumer",
@@ -285,3 +286,19 @@ class RegisterToProducerController:
     message arrives."""
 
     producer_controller: Ref
+
+
+# --- transport events ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLinkChanged:
+    """The transport's link to the node at ``peer`` (``host:port``) came up or went down.
+
+    A node tells it to everything exposed on it. Controllers keep every unconfirmed message
+    either way; when the link to their peer comes back, a consumer controller retries at
+    once instead of waiting for its retry timer.
+    """
+
+    peer: str
+    up: bool

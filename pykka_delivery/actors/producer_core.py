@@ -46,6 +46,7 @@ from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
 from pykka_delivery.actors.messages import (
     Ack,
     MessageWithConfirmation,
+    PeerLinkChanged,
     ProducerStart,
     Ref,
     RegisterConsumer,
@@ -194,6 +195,8 @@ class ProducerCore:
             Resend: lambda m: self.on_resend(m.from_seq_nr),
             ProducerStart: lambda m: self.on_start(m.producer),
             RegisterConsumer: lambda m: self.on_register_consumer(m.consumer_controller),
+            # The consumer side drives recovery (it retries when its link comes back).
+            PeerLinkChanged: lambda _: [],
         }
 
     # --- queries ---------------------------------------------------------------------

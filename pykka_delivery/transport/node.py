@@ -41,7 +41,7 @@ import pykka
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from pykka_delivery.actors.messages import Ref
+from pykka_delivery.actors.messages import PeerLinkChanged, Ref
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 from pykka_delivery.transport.codec import Codec, CodecError
@@ -526,6 +526,9 @@ class Node:
 
     def _notify(self, address: str, up: bool) -> None:
         logger.info("Link to %s %s", address, "up" if up else "down")
+        event = PeerLinkChanged(address, up)
+        for name in list(self._targets):
+            self._deliver_local(name, event)
         for listener in self._listeners:
             try:
                 listener(address, up)

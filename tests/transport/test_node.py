@@ -28,6 +28,7 @@ from pykka_delivery import (
     RegisterToProducerController,
     RequestNext,
 )
+from pykka_delivery.actors.messages import PeerLinkChanged
 from pykka_delivery.protocol import transport_pb2
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
@@ -372,3 +373,32 @@ def test_every_node_serves_the_standard_health_check(nodes: list[Node]) -> None:
         response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
 
     assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_exposed_targets_are_told_when_a_link_to_a_peer_comes_up_and_goes_down(
+    nodes: list[Node],
+) -> None:
+    a, b = start(nodes), start(nodes)
+    events: list[Any] = []
+    changed = threading.Condition()
+
+    class Recorder:
+        def tell(self, message: Any) -> None:
+            with changed:
+                events.append(message)
+                changed.notify_all()
+
+    b.register("watcher", Recorder())
+    producer, consumer = connect(a, b)
+    reader = Reader(consumer, 1)
+    send_all(producer, range(1))
+    reader.wait()
+
+    a.stop()
+    nodes.remove(a)
+
+    with changed:
+        assert changed.wait_for(lambda: PeerLinkChanged(a.address, False) in events, WAIT)
+    assert events.index(PeerLinkChanged(a.address, True)) < events.index(
+        PeerLinkChanged(a.address, False)
+    )
