@@ -372,6 +372,9 @@ class Node:
     def register(self, name: str, ref: Ref) -> RemoteRef:
         """Expose ``ref`` as ``<address>/<name>``; returns that address as a ref.
 
+        Besides what other nodes send it, ``ref`` is told `PeerLinkChanged` events when a
+        link to a peer node opens or breaks (ignore them if they do not matter to you).
+
         Raises:
             ValueError: the name is taken, or contains '/'.
         """
