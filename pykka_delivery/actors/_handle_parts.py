@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from pykka_delivery.actors.consumer_core import ConsumerCore
@@ -58,9 +59,7 @@ class DeliveryFeed:
     _core: ConsumerCore
     _timers: Timers
     _outstanding: Delivery | None
-
-    def _run(self, effects: list[Effect]) -> None:
-        raise NotImplementedError  # pragma: no cover - each handle carries out its effects
+    _run: Callable[[list[Effect]], None]  # each handle carries out effects its own way
 
     def _feed(self, message: Any) -> None:
         if type(message) is SequencedMessage:

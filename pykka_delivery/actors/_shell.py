@@ -8,6 +8,7 @@ unconfirmed message with it.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
@@ -31,7 +32,7 @@ def _quiet_tell(ref: Ref) -> Callable[[TimerFired], None]:
     return tell
 
 
-class ControllerActor(pykka.ThreadingActor):
+class ControllerActor(pykka.ThreadingActor, abc.ABC):
     """Base of `ProducerController` and `ConsumerController`: one core, its timers."""
 
     use_daemon_thread = True
@@ -52,11 +53,13 @@ class ControllerActor(pykka.ThreadingActor):
         self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
         self.rejected = 0
 
+    @abc.abstractmethod
     def _core_receive(self, message: Any) -> list[Effect]:
-        raise NotImplementedError  # pragma: no cover - each controller has its core
+        """Feed ``message`` to the controller's core."""
 
+    @abc.abstractmethod
     def _core_timer(self, key: str) -> list[Effect]:
-        raise NotImplementedError  # pragma: no cover
+        """Tell the controller's core that timer ``key`` fired."""
 
     def on_receive(self, message: Any) -> None:
         if type(message) is TimerFired:
