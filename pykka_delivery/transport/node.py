@@ -147,9 +147,16 @@ class _Counters:
 class _Stream:
     """One open link, whichever side opened it: something to write frames to."""
 
-    def __init__(self, write: Callable[[_Frame], Any], close: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        write: Callable[[_Frame], Any],
+        close: Callable[[], Any],
+        finish: Callable[[], Any] | None = None,
+    ) -> None:
         self.write = write
         self.close = close
+        self.finish = finish  # half-close (links we opened): the peer then ends the call
+        self.ended = asyncio.Event()  # our reader saw the call end
         self.alive = True
 
 
@@ -624,7 +631,7 @@ class Node:
         except Exception as error:  # unreachable, refused, timed out
             logger.debug("Cannot link to %s: %s", peer.address, error)
             return False
-        stream = _Stream(call.write, call.cancel)
+        stream = _Stream(call.write, call.cancel, call.done_writing)
         peer.attach(stream)
         self._spawn(self._read(peer, call, stream))
         return True
@@ -644,6 +651,7 @@ class Node:
         except asyncio.CancelledError:
             pass
         finally:
+            stream.ended.set()
             peer.detach(stream)
 
     async def _shutdown(self) -> None:
@@ -654,6 +662,20 @@ class Node:
             peer.streams and (peer.outbox or not peer.idle) for peer in self._peers.values()
         ):
             await asyncio.sleep(0.005)
+        # A write that returned is only handed to gRPC: cancelling the call now could drop
+        # it. On links we opened, half-close and wait (within the grace) until the peer has
+        # read everything and ended the call.
+        closing = [s for peer in self._peers.values() for s in peer.streams if s.finish]
+        for stream in closing:
+            finish = stream.finish
+            if finish is not None:
+                with contextlib.suppress(Exception):
+                    await finish()
+        deadline = self._loop.time() + self.settings.shutdown_grace
+        for stream in closing:
+            remaining = deadline - self._loop.time()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stream.ended.wait(), max(remaining, 0.05))
         for peer in list(self._peers.values()):
             for stream in list(peer.streams):
                 peer.detach(stream)

@@ -402,3 +402,44 @@ def test_exposed_targets_are_told_when_a_link_to_a_peer_comes_up_and_goes_down(
     assert events.index(PeerLinkChanged(a.address, True)) < events.index(
         PeerLinkChanged(a.address, False)
     )
+
+
+def test_a_stopping_node_delivers_the_last_frame_it_wrote(nodes: list[Node]) -> None:
+    # Regression: stop() cancelled the call as soon as the last write returned; a peer
+    # still busy with the previous frame then never read it. Now the opener half-closes
+    # and waits for the peer to end the call.
+    a = start(nodes)
+    got: list[bytes] = []
+    arrived = threading.Condition()
+
+    class Slow:
+        def tell(self, message: Any) -> None:
+            if isinstance(message, bytes):
+                if message == b"slow":
+                    time.sleep(0.3)  # keeps a's link reader busy
+                with arrived:
+                    got.append(message)
+                    arrived.notify_all()
+
+    a.register("slow", Slow())
+    b = Node().start()
+    try:
+        ref = b.ref(f"{a.address}/slow")
+        ref.tell(b"warm-up")
+        with arrived:
+            assert arrived.wait_for(lambda: got == [b"warm-up"], WAIT)
+        ref.tell(b"slow")
+        deadline = time.monotonic() + WAIT
+        while b.statistics().frames_sent < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(0.05)  # a is now delivering "slow"
+        ref.tell(b"last")
+        while b.statistics().frames_sent < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    finally:
+        b.stop()
+
+    with arrived:
+        assert arrived.wait_for(lambda: b"last" in got, WAIT), got

@@ -28,6 +28,8 @@ CONSUMER = "examples/remote_consumer.py"
 PROCS = ("-m", "tests.transport.procs")
 BOUND = 100.0  # seconds for a whole run to finish (below pytest-timeout's 120)
 WINDOW = 500  # the consumers' flow-control window
+# Once its consumer has exited, a producer has its last confirmations: it reports at once.
+AFTER_CONSUMER = 20.0
 
 Spawn = Callable[..., Proc]
 
@@ -79,6 +81,28 @@ def finish(*procs: Proc, deadline: float) -> None:
         assert code == 0, f"{proc.name} exited with {code}\n{proc.output()}"
 
 
+def consumed(consumer: Proc, deadline: float) -> dict[str, Any]:
+    """The consumer's summary, once it has exited with status 0."""
+    summary = consumer.expect(is_summary("received"), deadline - time.monotonic())
+    finish(consumer, deadline=deadline)
+    return summary
+
+
+def sender_done(sender: Proc, key: str, downstream: Proc) -> dict[str, Any]:
+    """The summary of a process whose consumer (``downstream``) has exited: everything is
+    confirmed by then, so it must come within `AFTER_CONSUMER` seconds."""
+    try:
+        summary = sender.expect(is_summary(key), AFTER_CONSUMER)
+    except AssertionError as error:
+        msg = (
+            f"{downstream.name} confirmed everything and exited, but {sender.name} never saw "
+            "its last confirmations (lost when the consumer's node stopped?)"
+        )
+        raise AssertionError(f"{msg}\n{error}\n{downstream.output()}") from None
+    finish(sender, deadline=time.monotonic() + AFTER_CONSUMER)
+    return summary
+
+
 # --- delivery --------------------------------------------------------------------------
 
 
@@ -88,9 +112,8 @@ def test_two_processes_deliver_100_000_messages_in_order_exactly_once(spawn: Spa
     consumer = spawn("consumer", CONSUMER, "--producer", address, "--count", "100000")
     consumer.ready()
 
-    received = consumer.expect(is_summary("received"), deadline - time.monotonic())
-    sent = producer.expect(is_summary("sent"), deadline - time.monotonic())
-    finish(consumer, producer, deadline=deadline)
+    received = consumed(consumer, deadline)
+    sent = sender_done(producer, "sent", consumer)
 
     print(f"\ntwo processes: consumer {received}, producer {sent}")
     assert (received["received"], received["duplicates"], received["gaps"]) == (100_000, 0, 0)
@@ -109,10 +132,9 @@ def test_three_processes_deliver_100_000_messages_through_a_relay_in_order_exact
     consumer = spawn("consumer", CONSUMER, "--producer", relay_address, "--count", "100000")
     consumer.ready()
 
-    received = consumer.expect(is_summary("received"), deadline - time.monotonic())
-    forwarded = relay.expect(is_summary("forwarded"), deadline - time.monotonic())
-    sent = producer.expect(is_summary("sent"), deadline - time.monotonic())
-    finish(consumer, relay, producer, deadline=deadline)
+    received = consumed(consumer, deadline)
+    forwarded = sender_done(relay, "forwarded", consumer)
+    sent = sender_done(producer, "sent", relay)
 
     print(f"\nthree processes: consumer {received}, relay {forwarded}, producer {sent}")
     assert (received["received"], received["duplicates"], received["gaps"]) == (100_000, 0, 0)
@@ -150,9 +172,8 @@ def test_a_consumer_killed_with_sigkill_and_restarted_gets_everything_unconfirme
     port = first_address.split("/")[0].rsplit(":", 1)[1] if restart_on == "the same port" else "0"
     second = spawn("consumer 2", *consume, "--port", port, "--resend-interval", "0.2")
     second.ready()
-    sent = producer.expect(is_summary("sent"), deadline - time.monotonic())
-    summary = second.expect(is_summary("received"), deadline - time.monotonic())
-    finish(second, producer, deadline=deadline)
+    summary = consumed(second, deadline)
+    sent = sender_done(producer, "sent", second)
 
     after = numbers_in(log)[len(before) :]
     restart = after[0]
