@@ -11,6 +11,7 @@ from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedMessage
 from pykka_delivery.actors.timers import TimerFired, Timers
+from pykka_delivery.errors import ClosedError, LocalProtocolError
 
 __all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot"]
 
@@ -59,7 +60,22 @@ class DeliveryFeed:
     _core: ConsumerCore
     _timers: Timers
     _outstanding: Delivery | None
+    _closed: bool
     _run: Callable[[list[Effect]], None]  # each handle carries out effects its own way
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = "Consumer is closed"
+            raise ClosedError(msg)
+
+    def _check_can_receive(self) -> None:
+        self._check_open()
+        if self._outstanding is not None:
+            msg = (
+                f"Consumer: delivery seq_nr {self._outstanding.seq_nr} is not confirmed yet: "
+                "call delivery.confirm() before receiving the next"
+            )
+            raise LocalProtocolError(msg)
 
     def _feed(self, message: Any) -> None:
         if type(message) is SequencedMessage:

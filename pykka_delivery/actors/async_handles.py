@@ -217,7 +217,7 @@ class AsyncProducer:
             if self._inbox or self._closed or not core.has_demand:
                 await self._wait_for(self._has_demand, timeout, "demand to send")
             self._run(core.on_msg(message))
-            return self._last_seq_nr()
+            return self._core.last_seq_nr
         finally:
             self._leave()
 
@@ -238,7 +238,7 @@ class AsyncProducer:
                 msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
                 raise WouldBlock(msg)
             self._run(self._core.on_msg(message))
-            return self._last_seq_nr()
+            return self._core.last_seq_nr
         finally:
             self._leave()
 
@@ -262,7 +262,7 @@ class AsyncProducer:
             await self._wait_for(
                 lambda: slot.seq_nr is not None,
                 None if deadline is None else deadline - loop.time(),
-                f"confirmation of seq_nr {self._last_seq_nr()}",
+                f"confirmation of seq_nr {self._core.last_seq_nr}",
             )
         finally:
             self._leave()
@@ -280,7 +280,9 @@ class AsyncProducer:
             _wrong_thread("AsyncProducer")
         self._busy = True
         try:
-            await self._wait_for(self._all_confirmed, timeout, "confirmation of every message")
+            await self._wait_for(
+                lambda: self._core.all_confirmed, timeout, "confirmation of every message"
+            )
         finally:
             self._leave()
 
@@ -313,19 +315,8 @@ class AsyncProducer:
 
     # --- internals (on the loop's thread) ---------------------------------------------
 
-    def _last_seq_nr(self) -> int:
-        """The seq_nr of the message just sent: that of its last chunk, sent or not."""
-        core = self._core
-        return (
-            core.remaining_chunks[-1].seq_nr if core.remaining_chunks else core.current_seq_nr - 1
-        )
-
     def _has_demand(self) -> bool:
         return self._core.has_demand
-
-    def _all_confirmed(self) -> bool:
-        core = self._core
-        return core.confirmed_seq_nr >= core.current_seq_nr - 1
 
     def _check_open(self) -> None:
         if self._closed:
@@ -685,19 +676,8 @@ class AsyncConsumer(DeliveryFeed):
 
     # --- internals (on the loop's thread unless said otherwise) -----------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            msg = "Consumer is closed"
-            raise ClosedError(msg)
-
     def _check_can_receive(self) -> None:
-        self._check_open()
-        if self._outstanding is not None:
-            msg = (
-                f"Consumer: delivery seq_nr {self._outstanding.seq_nr} is not confirmed yet: "
-                "call delivery.confirm() before receiving the next"
-            )
-            raise LocalProtocolError(msg)
+        super()._check_can_receive()
         if self._waiter is not None:
             msg = "Consumer: another task is waiting in receive(): receive from one task"
             raise LocalProtocolError(msg)

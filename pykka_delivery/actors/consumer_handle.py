@@ -232,20 +232,6 @@ class Consumer(DeliveryFeed):
 
     # --- internals (call with the lock held) ------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            msg = "Consumer is closed"
-            raise ClosedError(msg)
-
-    def _check_can_receive(self) -> None:
-        self._check_open()
-        if self._outstanding is not None:
-            msg = (
-                f"Consumer: delivery seq_nr {self._outstanding.seq_nr} is not confirmed yet: "
-                "call delivery.confirm() before receiving the next"
-            )
-            raise LocalProtocolError(msg)
-
     def _wait(self, deadline: float | None, timeout: float | None) -> None:
         """Wait for the inbox to fill. Announce the wait first, then look once more: a
         message appended after that look finds ``_waiting`` set and notifies us."""

@@ -211,6 +211,17 @@ class ProducerCore:
             and self.phase is ProducerPhase.ACTIVE
         )
 
+    @property
+    def last_seq_nr(self) -> int:
+        """The seq_nr of the message sent last: that of its last chunk, sent or not."""
+        remaining = self.remaining_chunks
+        return remaining[-1].seq_nr if remaining else self.current_seq_nr - 1
+
+    @property
+    def all_confirmed(self) -> bool:
+        """True when the consumer side confirmed every message sent so far."""
+        return self.confirmed_seq_nr >= self.current_seq_nr - 1
+
     def snapshot(self) -> ProducerSnapshot:
         return ProducerSnapshot(
             phase=self.phase,

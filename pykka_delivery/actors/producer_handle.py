@@ -123,7 +123,7 @@ class Producer:
             if self._inbox or self._closed or not core.has_demand:
                 self._wait_for(self._has_demand, timeout, "demand to send")
             self._run(core.on_msg(message))
-            seq_nr = self._last_seq_nr()
+            seq_nr = self._core.last_seq_nr
         if self._inbox:
             self._after_release()
         return seq_nr
@@ -141,7 +141,7 @@ class Producer:
                 msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
                 raise WouldBlock(msg)
             self._run(self._core.on_msg(message))
-            seq_nr = self._last_seq_nr()
+            seq_nr = self._core.last_seq_nr
         self._after_release()
         return seq_nr
 
@@ -160,7 +160,7 @@ class Producer:
             self._wait_for(
                 lambda: slot.seq_nr is not None,
                 None if deadline is None else deadline - time.monotonic(),
-                f"confirmation of seq_nr {self._last_seq_nr()}",
+                f"confirmation of seq_nr {self._core.last_seq_nr}",
             )
         self._after_release()
         assert slot.seq_nr is not None
@@ -173,7 +173,9 @@ class Producer:
             DeliveryTimeout: some are still unconfirmed after ``timeout`` seconds.
         """
         with self._lock:
-            self._wait_for(self._all_confirmed, timeout, "confirmation of every message")
+            self._wait_for(
+                lambda: self._core.all_confirmed, timeout, "confirmation of every message"
+            )
         self._after_release()
 
     def close(self) -> None:
@@ -201,19 +203,8 @@ class Producer:
 
     # --- internals (call with the lock held unless said otherwise) --------------------
 
-    def _last_seq_nr(self) -> int:
-        """The seq_nr of the message just sent: that of its last chunk, sent or not."""
-        core = self._core
-        return (
-            core.remaining_chunks[-1].seq_nr if core.remaining_chunks else core.current_seq_nr - 1
-        )
-
     def _has_demand(self) -> bool:
         return self._core.has_demand
-
-    def _all_confirmed(self) -> bool:
-        core = self._core
-        return core.confirmed_seq_nr >= core.current_seq_nr - 1
 
     def _check_open(self) -> None:
         if self._closed:

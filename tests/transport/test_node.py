@@ -168,17 +168,23 @@ def test_refs_to_the_same_address_are_equal_and_a_bad_address_is_refused(
         a.ref("no-slash")
 
 
-def test_a_local_object_that_was_not_exposed_cannot_be_sent_across(nodes: list[Node]) -> None:
+def test_a_local_object_that_was_not_exposed_cannot_be_sent_across(
+    nodes: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
     a, b = start(nodes), start(nodes)
-    producer = Producer("p")  # not exposed on any node
-    producer.register_consumer(b.ref(f"{b.address}/nobody"))
+    consumer = Consumer(FAST, self_ref_factory=b.expose("c"))
+    producer = Producer("p")  # not exposed: its address cannot go on the wire
+    producer.register_consumer(a.ref(f"{b.address}/c"))  # through a's link to b
 
     producer.send("m", timeout=WAIT)  # accepted by the producer, refused by the link
 
     deadline = time.monotonic() + WAIT
-    while a.statistics().dropped_unsendable == 0 and b.statistics().unknown_target == 0:
+    while a.statistics().dropped_unsendable == 0:
         assert time.monotonic() < deadline, "the unsendable message was not reported"
         time.sleep(0.01)
+    assert "self_ref_factory=node.expose" in caplog.text
+    assert b.statistics().envelopes_received == 0
+    consumer.close()
 
 
 # --- faults ------------------------------------------------------------------------------
