@@ -66,7 +66,8 @@ def child_handle(producer_path: str, count: int, window: int, latency: bool) -> 
         started = 0.0
         for delivery in consumer:
             if latency:
-                delays.append(time.monotonic() - float(delivery.message[:20]))
+                if delivery.seq_nr > 1:  # 1 is the warm-up: it waited for the session
+                    delays.append(time.monotonic() - float(delivery.message[:20]))
             elif delivery.seq_nr == 1:
                 started = time.perf_counter()
             delivery.confirm()
@@ -173,8 +174,12 @@ def run_handle(count: int, window: int, rate: float | None = None) -> dict[str, 
         child = spawn("handle", f"{node.address}/bench", str(count), str(window), str(bool(rate)))
         period = 0.001
         per_tick = max(1, round((rate or 0) * period))
-        next_tick = time.monotonic()
         sent = 0
+        if rate:  # warm up: the paced messages must not wait for the session to start
+            producer.send(f"{time.monotonic():<20.9f}".encode() + PAYLOAD[20:], timeout=120)
+            producer.wait_confirmed(timeout=120)
+            sent = 1
+        next_tick = time.monotonic()
         while sent < count:
             if rate:
                 for _ in range(min(per_tick, count - sent)):

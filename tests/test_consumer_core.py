@@ -440,6 +440,19 @@ def test_fresh_controller_meeting_a_session_midway_requests_resend_zero() -> Non
     rig.consumer.expect_no_message()
 
 
+def test_retry_repeats_resend_zero_while_nothing_was_received() -> None:
+    # P10: Akka's retry would send Resend(1) to the previous producer controller (dead
+    # letters here); the Resend(0) itself may have been lost, so it is repeated.
+    rig = start()
+    rig.send(44)
+    rig.pc.expect(Resend(0))
+    rig.clock.advance(1.0)
+    rig.pc.expect(Resend(0))
+    rig.send(44, first=True)
+    rig.pc.expect(Request(0, 63, True, False))
+    rig.expect_delivery(44)
+
+
 def test_acks_confirmed_seq_nr_when_stopped_from_outside() -> None:
     rig = start()
     open_session(rig)

@@ -10,12 +10,25 @@ from typing import Any
 from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedMessage
+from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.actors.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 
-__all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot"]
+__all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot", "send_through"]
 
 logger = logging.getLogger("pykka_delivery.consumer")
+
+
+def send_through(core: ProducerCore, message: Any, run: Callable[[list[Effect]], None]) -> int:
+    """A producer handle's send, once it has demand: the core's steady-state path (the
+    numbered message goes straight to the consumer side) or, failing that, `on_msg` with
+    its effects carried out by ``run``. Returns the message's (last chunk's) seq_nr."""
+    seq_msg = core.next_message(message)
+    if seq_msg is not None:
+        core.consumer.tell(seq_msg)  # type: ignore[union-attr] # set while active
+        return seq_msg.seq_nr
+    run(core.on_msg(message))
+    return core.last_seq_nr
 
 
 class ReplySlot:
@@ -92,8 +105,15 @@ class DeliveryFeed:
         """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
         ready = self._ready.deliveries
         inbox = self._inbox
+        next_delivery = self._core.next_delivery
         while not ready and inbox:
-            self._feed(inbox.popleft())
+            message = inbox.popleft()
+            if type(message) is SequencedMessage:
+                delivery = next_delivery(message)  # the steady state: no effects to run
+                if delivery is not None:
+                    self._outstanding = delivery
+                    return delivery
+            self._feed(message)
         if not ready:
             return None
         delivery = ready.popleft()

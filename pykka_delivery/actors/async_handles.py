@@ -43,6 +43,7 @@ from pykka_delivery.actors._handle_parts import (
     Ignore,
     ReadyDeliveries,
     ReplySlot,
+    send_through,
 )
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
@@ -216,8 +217,7 @@ class AsyncProducer:
             core = self._core
             if self._inbox or self._closed or not core.has_demand:
                 await self._wait_for(self._has_demand, timeout, "demand to send")
-            self._run(core.on_msg(message))
-            return self._core.last_seq_nr
+            return send_through(core, message, self._run)
         finally:
             self._leave()
 
@@ -237,8 +237,7 @@ class AsyncProducer:
             if not self._core.has_demand:
                 msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
                 raise WouldBlock(msg)
-            self._run(self._core.on_msg(message))
-            return self._core.last_seq_nr
+            return send_through(self._core, message, self._run)
         finally:
             self._leave()
 

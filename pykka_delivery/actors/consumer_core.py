@@ -32,6 +32,9 @@ meets in the active phase, so while messages flow it still makes the producer re
 whole window every ``resend_interval_min``. We retry only after a tick interval in which no
 `SequencedMessage` arrived, so a retry comes one to two intervals after the flow stops.
 
+P10: a fresh core that meets a session midway sends ``Resend(0)`` and, unlike Akka, takes
+that producer controller at once, so its retry repeats ``Resend(0)`` to it.
+
 Only this module assigns the core's fields (see producer_core.py for why they are mutable).
 """
 
@@ -313,6 +316,36 @@ class ConsumerCore:
                 self.stash.append(msg)
         return effects
 
+    def next_delivery(self, msg: SequencedMessage) -> Delivery | None:
+        """`on_sequenced` for the steady state, without effects: the next message in order
+        from the current producer controller, nothing stashed, registering, stopping or
+        backing off, and not a chunk. Returns the `Delivery` for the caller to hand to the
+        consumer itself, or None (nothing changed) when the message needs `on_sequenced`.
+
+        The consumer handles call it for every message; its conditions are exactly those
+        under which `on_sequenced` would do nothing but deliver.
+        """
+        seq_nr = msg.seq_nr
+        if (
+            self.phase is not ConsumerPhase.ACTIVE
+            or seq_nr != self.received_seq_nr + 1
+            or seq_nr == 1  # received_seq_nr 0: a new session, see _changed_producer
+            or msg.producer_controller is not self.producer_controller
+            or self.registering is not None
+            or self.stash
+            or self.stopping
+            or self._retry_interval != self.settings.resend_interval_min
+            or type(msg.message) is ChunkedMessage
+            or self.consumer is None
+        ):
+            return None
+        self._heard = True
+        self.received_seq_nr = seq_nr
+        self.current = msg
+        self.phase = ConsumerPhase.WAITING_FOR_CONFIRMATION
+        self._delivered += 1
+        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr)
+
     def on_confirmed(self) -> list[Effect]:
         """The consumer confirmed the current `Delivery`.
 
@@ -461,8 +494,11 @@ class ConsumerCore:
             self._retry_request(effects)
         else:
             assert self.producer_controller is not None
-            logger.debug("Retry sending Resend from seq_nr %d", self.received_seq_nr + 1)
-            effects.append(Send(self.producer_controller, Resend(self.received_seq_nr + 1)))
+            # Nothing received yet (a fresh controller met a session midway): Resend(0),
+            # which marks the head first so that it is accepted.
+            from_seq_nr = self.received_seq_nr + 1 if self.received_seq_nr else 0
+            logger.debug("Retry sending Resend from seq_nr %d", from_seq_nr)
+            effects.append(Send(self.producer_controller, Resend(from_seq_nr)))
 
     # --- per-phase handling of a SequencedMessage ------------------------------------
 
@@ -550,6 +586,7 @@ class ConsumerCore:
                 seq_nr,
             )
             effects.append(Send(pc, Resend(0)))
+            self.producer_controller = pc  # P10: so that the retry timer can repeat it
             self._enter_resending(effects)
         else:
             self._dropped += 1

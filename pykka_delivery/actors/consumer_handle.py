@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from pykka_delivery.actors._handle_parts import DeliveryFeed, ReadyDeliveries
@@ -115,7 +116,7 @@ class Consumer(DeliveryFeed):
         # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
         # cannot confirm the current one.
         self._core = ConsumerCore(
-            self._self_ref, settings, serialization, new_confirm_to=lambda: _ConfirmTo(self)
+            self._self_ref, settings, serialization, new_confirm_to=partial(_ConfirmTo, self)
         )
         with self._lock:
             self._run(self._core.on_spawned())
@@ -263,8 +264,12 @@ class Consumer(DeliveryFeed):
                 )
                 raise LocalProtocolError(msg)
             self._outstanding = None
-            self._run(self._core.on_confirmed())
-            sends = self._take_outbox()
+            effects = self._core.on_confirmed()
+            if effects:  # mostly none: a Request goes out once per half window
+                self._run(effects)
+            sends = self._outbox
+            if sends:
+                self._outbox = []
         if sends:
             _tell_all(sends)
 

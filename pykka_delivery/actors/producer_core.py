@@ -330,6 +330,32 @@ class ProducerCore:
         )
         return effects
 
+    def next_message(self, message: object) -> SequencedMessage | None:
+        """`on_msg` for the steady state of a core that does not announce demand: number
+        ``message`` and keep it for resending, with no effects. The caller tells the
+        returned `SequencedMessage` to ``consumer`` itself. Returns None (nothing changed)
+        when `on_msg` is needed: no demand, chunking on, or the first message of a session
+        (which starts the first-resend timer).
+        """
+        current = self.current_seq_nr
+        if not (
+            self.requested
+            and current <= self.requested_seq_nr
+            and current != self.first_seq_nr
+            and self.phase is ProducerPhase.ACTIVE
+            and not self._announce
+            and not self._chunk_size
+        ):
+            return None
+        seq_msg = SequencedMessage(self.producer_id, current, message, False, False, self.self_ref)
+        if self.support_resend:
+            self.unconfirmed.append(seq_msg)
+        self._sent += 1
+        if current == self.requested_seq_nr:
+            self.requested = False
+        self.current_seq_nr = current + 1
+        return seq_msg
+
     def on_request(self, request: Request) -> list[Effect]:
         """The consumer side confirms ``confirmed_seq_nr`` and opens the window."""
         self._requests += 1

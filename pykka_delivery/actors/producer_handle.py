@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pykka_delivery.actors._handle_parts import Ignore, ReplySlot
+from pykka_delivery.actors._handle_parts import Ignore, ReplySlot, send_through
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
 from pykka_delivery.actors.messages import Ref, RegisterConsumer, RequestNext
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
@@ -122,8 +122,7 @@ class Producer:
             core = self._core
             if self._inbox or self._closed or not core.has_demand:
                 self._wait_for(self._has_demand, timeout, "demand to send")
-            self._run(core.on_msg(message))
-            seq_nr = self._core.last_seq_nr
+            seq_nr = send_through(core, message, self._run)
         if self._inbox:
             self._after_release()
         return seq_nr
@@ -140,8 +139,7 @@ class Producer:
             if not self._core.has_demand:
                 msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
                 raise WouldBlock(msg)
-            self._run(self._core.on_msg(message))
-            seq_nr = self._core.last_seq_nr
+            seq_nr = send_through(self._core, message, self._run)
         self._after_release()
         return seq_nr
 

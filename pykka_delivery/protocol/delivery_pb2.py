@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pykka_delivery/protocol/delivery.proto\x12\x1apykka_delivery.delivery.v1\"@\n\x07Payload\x12\x15\n\rserializer_id\x18\x01 \x01(\x05\x12\x10\n\x08manifest\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xf8\x01\n\x10SequencedMessage\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x0e\n\x06seq_nr\x18\x02 \x01(\x03\x12\r\n\x05\x66irst\x18\x03 \x01(\x08\x12\x0b\n\x03\x61\x63k\x18\x04 \x01(\x08\x12\x1b\n\x13producer_controller\x18\x05 \x01(\t\x12\x34\n\x07payload\x18\x06 \x01(\x0b\x32#.pykka_delivery.delivery.v1.Payload\x12\x18\n\x0b\x66irst_chunk\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x17\n\nlast_chunk\x18\x08 \x01(\x08H\x01\x88\x01\x01\x42\x0e\n\x0c_first_chunkB\r\n\x0b_last_chunk\"n\n\x07Request\x12\x18\n\x10\x63onfirmed_seq_nr\x18\x01 \x01(\x03\x12\x1c\n\x14request_up_to_seq_nr\x18\x02 \x01(\x03\x12\x16\n\x0esupport_resend\x18\x03 \x01(\x08\x12\x13\n\x0bvia_timeout\x18\x04 \x01(\x08\"\x1d\n\x06Resend\x12\x13\n\x0b\x66rom_seq_nr\x18\x01 \x01(\x03\"\x1f\n\x03\x41\x63k\x12\x18\n\x10\x63onfirmed_seq_nr\x18\x01 \x01(\x03\"/\n\x10RegisterConsumer\x12\x1b\n\x13\x63onsumer_controller\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pykka_delivery/protocol/delivery.proto\x12\x1apykka_delivery.delivery.v1\"@\n\x07Payload\x12\x15\n\rserializer_id\x18\x01 \x01(\x05\x12\x10\n\x08manifest\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xf8\x01\n\x10SequencedMessage\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x0e\n\x06seq_nr\x18\x02 \x01(\x03\x12\r\n\x05\x66irst\x18\x03 \x01(\x08\x12\x0b\n\x03\x61\x63k\x18\x04 \x01(\x08\x12\x1b\n\x13producer_controller\x18\x05 \x01(\t\x12\x34\n\x07payload\x18\x06 \x01(\x0b\x32#.pykka_delivery.delivery.v1.Payload\x12\x18\n\x0b\x66irst_chunk\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x17\n\nlast_chunk\x18\x08 \x01(\x08H\x01\x88\x01\x01\x42\x0e\n\x0c_first_chunkB\r\n\x0b_last_chunk\"\x8d\x01\n\x0cSequencedRun\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66irst_seq_nr\x18\x02 \x01(\x03\x12\x1b\n\x13producer_controller\x18\x03 \x01(\t\x12\x15\n\rserializer_id\x18\x04 \x01(\x05\x12\x10\n\x08manifest\x18\x05 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x06 \x03(\x0c\"n\n\x07Request\x12\x18\n\x10\x63onfirmed_seq_nr\x18\x01 \x01(\x03\x12\x1c\n\x14request_up_to_seq_nr\x18\x02 \x01(\x03\x12\x16\n\x0esupport_resend\x18\x03 \x01(\x08\x12\x13\n\x0bvia_timeout\x18\x04 \x01(\x08\"\x1d\n\x06Resend\x12\x13\n\x0b\x66rom_seq_nr\x18\x01 \x01(\x03\"\x1f\n\x03\x41\x63k\x12\x18\n\x10\x63onfirmed_seq_nr\x18\x01 \x01(\x03\"/\n\x10RegisterConsumer\x12\x1b\n\x13\x63onsumer_controller\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PAYLOAD']._serialized_end=134
   _globals['_SEQUENCEDMESSAGE']._serialized_start=137
   _globals['_SEQUENCEDMESSAGE']._serialized_end=385
-  _globals['_REQUEST']._serialized_start=387
-  _globals['_REQUEST']._serialized_end=497
-  _globals['_RESEND']._serialized_start=499
-  _globals['_RESEND']._serialized_end=528
-  _globals['_ACK']._serialized_start=530
-  _globals['_ACK']._serialized_end=561
-  _globals['_REGISTERCONSUMER']._serialized_start=563
-  _globals['_REGISTERCONSUMER']._serialized_end=610
+  _globals['_SEQUENCEDRUN']._serialized_start=388
+  _globals['_SEQUENCEDRUN']._serialized_end=529
+  _globals['_REQUEST']._serialized_start=531
+  _globals['_REQUEST']._serialized_end=641
+  _globals['_RESEND']._serialized_start=643
+  _globals['_RESEND']._serialized_end=672
+  _globals['_ACK']._serialized_start=674
+  _globals['_ACK']._serialized_end=705
+  _globals['_REGISTERCONSUMER']._serialized_start=707
+  _globals['_REGISTERCONSUMER']._serialized_end=754
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -34,6 +35,22 @@ class SequencedMessage(_message.Message):
     first_chunk: bool
     last_chunk: bool
     def __init__(self, producer_id: _Optional[str] = ..., seq_nr: _Optional[int] = ..., first: _Optional[bool] = ..., ack: _Optional[bool] = ..., producer_controller: _Optional[str] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., first_chunk: _Optional[bool] = ..., last_chunk: _Optional[bool] = ...) -> None: ...
+
+class SequencedRun(_message.Message):
+    __slots__ = ("producer_id", "first_seq_nr", "producer_controller", "serializer_id", "manifest", "data")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_NR_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZER_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    producer_id: str
+    first_seq_nr: int
+    producer_controller: str
+    serializer_id: int
+    manifest: str
+    data: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, producer_id: _Optional[str] = ..., first_seq_nr: _Optional[int] = ..., producer_controller: _Optional[str] = ..., serializer_id: _Optional[int] = ..., manifest: _Optional[str] = ..., data: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("confirmed_seq_nr", "request_up_to_seq_nr", "support_resend", "via_timeout")

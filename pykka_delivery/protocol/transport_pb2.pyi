@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("target", "sequenced", "request", "resend", "ack", "register_consumer", "user")
+    __slots__ = ("target", "sequenced", "request", "resend", "ack", "register_consumer", "user", "sequenced_run")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCED_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Envelope(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     REGISTER_CONSUMER_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCED_RUN_FIELD_NUMBER: _ClassVar[int]
     target: str
     sequenced: _delivery_pb2.SequencedMessage
     request: _delivery_pb2.Request
@@ -23,7 +24,8 @@ class Envelope(_message.Message):
     ack: _delivery_pb2.Ack
     register_consumer: _delivery_pb2.RegisterConsumer
     user: _delivery_pb2.Payload
-    def __init__(self, target: _Optional[str] = ..., sequenced: _Optional[_Union[_delivery_pb2.SequencedMessage, _Mapping]] = ..., request: _Optional[_Union[_delivery_pb2.Request, _Mapping]] = ..., resend: _Optional[_Union[_delivery_pb2.Resend, _Mapping]] = ..., ack: _Optional[_Union[_delivery_pb2.Ack, _Mapping]] = ..., register_consumer: _Optional[_Union[_delivery_pb2.RegisterConsumer, _Mapping]] = ..., user: _Optional[_Union[_delivery_pb2.Payload, _Mapping]] = ...) -> None: ...
+    sequenced_run: _delivery_pb2.SequencedRun
+    def __init__(self, target: _Optional[str] = ..., sequenced: _Optional[_Union[_delivery_pb2.SequencedMessage, _Mapping]] = ..., request: _Optional[_Union[_delivery_pb2.Request, _Mapping]] = ..., resend: _Optional[_Union[_delivery_pb2.Resend, _Mapping]] = ..., ack: _Optional[_Union[_delivery_pb2.Ack, _Mapping]] = ..., register_consumer: _Optional[_Union[_delivery_pb2.RegisterConsumer, _Mapping]] = ..., user: _Optional[_Union[_delivery_pb2.Payload, _Mapping]] = ..., sequenced_run: _Optional[_Union[_delivery_pb2.SequencedRun, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node",)

@@ -1,12 +1,14 @@
 """The wire codec: delivery messages to transport envelopes and back.
 
 A node batches the messages it sends to one peer into a `transport_pb2.Frame`; each
-message becomes one `Envelope` naming its recipient on the peer (``target``) and carrying
+message goes into an `Envelope` naming its recipient on the peer (``target``) and carrying
 the message in its ``body``:
 
 ====================  ======================  ===========================================
 Python message        ``body`` field          refs on the wire
 ====================  ======================  ===========================================
+`SequencedMessage`    ``sequenced_run``       ``producer_controller`` as an address, once
+(consecutive, plain)                          per run
 `SequencedMessage`    ``sequenced``           ``producer_controller`` as an address
 `Request`             ``request``
 `Resend`              ``resend``
@@ -20,6 +22,21 @@ A `SequencedMessage` whose message is a `ChunkedMessage` carries the piece as it
 ``last_chunk``; the *presence* of ``first_chunk`` is what tells the decoder to rebuild the
 `ChunkedMessage` instead of deserializing the payload (see ``delivery.proto``).
 
+Runs. A `FrameBuilder` fills one frame; a `SequencedMessage` that directly follows one of
+the same producer to the same target (next seq_nr, same producer controller, same payload
+serializer and manifest), and that is neither ``first`` nor ``ack`` nor a chunk, does not
+get an envelope of its own: its payload bytes are appended to the open run's ``data``
+(see ``SequencedRun`` in ``delivery.proto``). So a frame of 500 messages of one producer is
+one envelope, and target, producer id, address, serializer id and manifest are written,
+read and turned into Python objects once per frame instead of once per message. Anything
+else closes the run; a plain `SequencedMessage` that cannot join a run opens a new one.
+`Codec.add` (one message, no builder) never makes runs. On the receiving side
+`Codec.decode_frame` expands runs and groups consecutive messages for one target.
+
+The ``bytes`` payload takes a short cut both ways: it is written as it is and read as it
+is, without the serializer registry (once per frame the registry is asked how it writes
+``bytes``, so a user serializer bound to ``bytes`` still wins).
+
 The application-facing messages (`ConsumerStart`, `Delivery`, `RequestNext`, ...) never
 cross a process boundary, as in Akka: `Codec.add` refuses them even when pickle is enabled.
 
@@ -32,7 +49,7 @@ are looked up in small caches instead of calling the node back for every message
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from typing import Any, Final
 
 from pykka_delivery.actors.messages import (
@@ -53,10 +70,10 @@ from pykka_delivery.actors.messages import (
     SendNext,
     SequencedMessage,
 )
-from pykka_delivery.protocol import transport_pb2
-from pykka_delivery.protocol.serialization import Serialization, SerializationError
+from pykka_delivery.protocol import delivery_pb2, transport_pb2
+from pykka_delivery.protocol.serialization import BYTES, Serialization, SerializationError
 
-__all__ = ["Codec", "CodecError"]
+__all__ = ["PROMPT", "Codec", "CodecError", "FrameBuilder", "messages_in", "split_frame"]
 
 # Entries each cache holds at most; a full cache is emptied and refilled. Far above the
 # number of controllers a node talks to, so only a peer sending endless new addresses
@@ -77,7 +94,14 @@ _LOCAL_ONLY: Final[tuple[type, ...]] = (
     SendNext,
 )
 
+# Messages the other side waits for before it can go on (flow control, recovery,
+# registration): a node hands them to its writer at once instead of letting a batch gather.
+PROMPT: Final[frozenset[type]] = frozenset({Request, Resend, Ack, RegisterConsumer})
+
 _NO_REF: Final = object()
+
+# A frame's groups of decoded messages: (target, messages for it), in frame order.
+Groups = list[tuple[str, list[object]]]
 
 
 class CodecError(ValueError):
@@ -105,8 +129,9 @@ class Codec:
     address, since the controllers recognize their peer with ``==``. A race between
     threads can also call a callback twice for one ref or address.
 
-    One codec may be shared by the threads of a node (writers calling `add`, readers
-    calling `decode`); a frame must be built by one thread at a time.
+    One codec may be shared by the threads of a node (writers calling `add` or filling a
+    `FrameBuilder`, readers calling `decode_frame`); a frame must be built by one thread
+    at a time.
     """
 
     __slots__ = (
@@ -172,15 +197,87 @@ class Codec:
                 know), its payload does not deserialize, an address in it is empty or
                 refused by ``ref_at`` (with `ValueError`), or a `Request` in it confirms
                 beyond its window.
+            ValueError: the envelope carries a ``sequenced_run``, several messages: read
+                it with `decode_run` (or the whole frame with `decode_frame`).
         """
         kind = envelope.WhichOneof("body")
         if kind is None:
+            raise self._no_message(envelope)
+        decoder = _DECODERS.get(kind)
+        if decoder is None:
             msg = (
-                f"envelope for {envelope.target!r} has no message: its body is empty, or "
-                "of a kind this version does not know (is the sender's version newer?)"
+                f"envelope for {envelope.target!r} carries a run of "
+                f"{len(envelope.sequenced_run.data)} SequencedMessages, not one message: "
+                "decode it with decode_run or decode_frame"
             )
+            raise ValueError(msg)
+        return decoder(self, envelope)
+
+    def decode_run(self, envelope: transport_pb2.Envelope) -> list[SequencedMessage]:
+        """Every `SequencedMessage` a ``sequenced_run`` envelope carries, in seq_nr order.
+
+        Raises:
+            CodecError: the run is empty, its producer controller address is empty or
+                refused by ``ref_at``, or one of its payloads does not deserialize (the
+                whole run is refused then).
+        """
+        run = envelope.sequenced_run
+        data = run.data
+        if not data:
+            msg = f"envelope for {envelope.target!r} carries a SequencedRun without messages"
             raise CodecError(msg)
-        return _DECODERS[kind](self, envelope)
+        producer_id = run.producer_id
+        address = run.producer_controller
+        ref = self._refs.get(address)
+        if ref is None:
+            ref = self._ref(envelope, "producer_controller", address)
+        new = SequencedMessage
+        if run.serializer_id == BYTES:
+            # The BYTES serializer gives the bytes back as they are: skip the registry.
+            return [
+                new(producer_id, seq_nr, payload, False, False, ref)
+                for seq_nr, payload in enumerate(data, run.first_seq_nr)
+            ]
+        return [
+            new(producer_id, seq_nr, payload, False, False, ref)
+            for seq_nr, payload in self._deserialize_run(envelope, run)
+        ]
+
+    def decode_frame(self, frame: transport_pb2.Frame) -> tuple[Groups, list[CodecError]]:
+        """Every message ``frame`` carries, runs expanded, grouped by target.
+
+        Returns:
+            ``(groups, errors)``: ``groups`` is a list of ``(target, messages)`` in frame
+            order, consecutive messages for one target in one list (so a recipient that
+            takes batches gets them at once); ``errors`` holds the `CodecError` of each
+            envelope that could not be decoded, which is left out of ``groups`` without
+            affecting the other envelopes.
+        """
+        groups: Groups = []
+        errors: list[CodecError] = []
+        messages: list[object] = []
+        group_target: str | None = None
+        for envelope in frame.envelopes:
+            try:
+                if envelope.WhichOneof("body") == "sequenced_run":
+                    run = self.decode_run(envelope)
+                    message = None
+                else:
+                    run = None
+                    message = self.decode(envelope)
+            except CodecError as error:
+                errors.append(error)
+                continue
+            target = envelope.target
+            if target != group_target:
+                messages = []
+                groups.append((target, messages))
+                group_target = target
+            if run is None:
+                messages.append(message)
+            else:
+                messages += run
+        return groups, errors
 
     # --- encoding ----------------------------------------------------------------------
 
@@ -253,6 +350,32 @@ class Codec:
         return entry[1]
 
     # --- decoding ----------------------------------------------------------------------
+
+    def _no_message(self, envelope: transport_pb2.Envelope) -> CodecError:
+        msg = (
+            f"envelope for {envelope.target!r} has no message: its body is empty, or "
+            "of a kind this version does not know (is the sender's version newer?)"
+        )
+        return CodecError(msg)
+
+    def _deserialize_run(
+        self, envelope: transport_pb2.Envelope, run: delivery_pb2.SequencedRun
+    ) -> list[tuple[int, object]]:
+        deserialize = self._deserialize
+        serializer_id = run.serializer_id
+        manifest = run.manifest
+        payloads: list[tuple[int, object]] = []
+        for seq_nr, data in enumerate(run.data, run.first_seq_nr):
+            try:
+                payloads.append((seq_nr, deserialize(serializer_id, manifest, data)))
+            except SerializationError as e:
+                msg = (
+                    f"envelope for {envelope.target!r}: the payload of SequencedMessage "
+                    f"seq_nr {seq_nr} of producer {run.producer_id!r} (in a run) does not "
+                    f"deserialize: {e}"
+                )
+                raise CodecError(msg) from e
+        return payloads
 
     def _decode_sequenced(self, envelope: transport_pb2.Envelope) -> SequencedMessage:
         s = envelope.sequenced
@@ -329,6 +452,211 @@ class Codec:
             self._refs.clear()
         self._refs[address] = ref
         return ref
+
+
+class FrameBuilder:
+    """One frame being filled one message at a time, consecutive plain `SequencedMessage`
+    objects merged into runs (see the module docstring).
+
+    Args:
+        codec: encodes the messages; its caches and serializers are used.
+
+    Attributes:
+        frame: the frame; complete and consistent after every `add`, whether it succeeded
+            or not.
+        messages: how many messages were added (a run counts each of its messages).
+
+    One thread at a time; make one builder per frame.
+    """
+
+    __slots__ = (
+        "_address",
+        "_bytes_as_is",
+        "_bytes_run",
+        "_codec",
+        "_data",
+        "_manifest",
+        "_next_seq_nr",
+        "_producer_id",
+        "_ref",
+        "_serializer_id",
+        "_target",
+        "frame",
+        "messages",
+    )
+
+    def __init__(self, codec: Codec) -> None:
+        self.frame = transport_pb2.Frame()
+        self.messages = 0
+        self._codec = codec
+        # The open run: its target (None when no run is open), its data, what its next
+        # message must match, and the last producer controller ref seen for it (identity
+        # is checked first: every message of a producer names the same ref object).
+        self._target: str | None = None
+        self._data: MutableSequence[bytes] = []
+        self._producer_id = ""
+        self._next_seq_nr = 0
+        self._ref: object = _NO_REF
+        self._address = ""
+        self._serializer_id = 0
+        self._manifest = ""
+        # Whether the registry writes a `bytes` value as it is (BYTES, no manifest): None
+        # until the first one is written; asked once per frame so that a user serializer
+        # registered for `bytes` meanwhile is honoured.
+        self._bytes_as_is: bool | None = None
+        # A run is open, of `bytes` written as they are: the next one can be appended.
+        self._bytes_run = False
+
+    def add(self, target: str, message: object) -> None:
+        """Append ``message`` for ``target``: to the open run if it continues it, else in
+        an envelope of its own. Raises as `Codec.add`, leaving the frame as it was."""
+        if type(message) is SequencedMessage:
+            # The hot path: the next bytes payload of the open run, nothing to look up.
+            if (
+                self._bytes_run
+                and message.seq_nr == self._next_seq_nr
+                and message.producer_controller is self._ref
+                and type(message.message) is bytes
+                and not message.first
+                and not message.ack
+                and message.producer_id == self._producer_id
+                and target == self._target
+            ):
+                self._data.append(message.message)
+                self._next_seq_nr += 1
+                self.messages += 1
+                return
+            if (
+                not message.first
+                and not message.ack
+                and type(message.message) is not ChunkedMessage
+            ):
+                self._add_to_run(target, message)
+                return
+        self._codec.add(self.frame, target, message)
+        self._target = None  # anything else ends the run
+        self._bytes_run = False
+        self.messages += 1
+
+    def _add_to_run(self, target: str, m: SequencedMessage) -> None:
+        """Append ``m`` to the open run if it continues it, else open a new run."""
+        try:
+            serializer_id, manifest, data, address = self._prepare(m)
+            if (
+                target == self._target
+                and m.seq_nr == self._next_seq_nr
+                and m.producer_id == self._producer_id
+                and address == self._address
+                and serializer_id == self._serializer_id
+                and manifest == self._manifest
+            ):
+                self._data.append(data)
+            else:
+                self._open_run(
+                    target,
+                    m,
+                    serializer_id=serializer_id,
+                    manifest=manifest,
+                    data=data,
+                    address=address,
+                )
+        except Exception as e:
+            e.add_note(f"while encoding {type(m).__qualname__} for target {target!r}")
+            raise
+        self._ref = m.producer_controller
+        self._next_seq_nr = m.seq_nr + 1
+        self._bytes_run = bool(
+            self._bytes_as_is and self._serializer_id == BYTES and not self._manifest
+        )
+        self.messages += 1
+
+    def _prepare(self, m: SequencedMessage) -> tuple[int, str, bytes, str]:
+        """``m``'s serialized payload and producer controller address (may raise)."""
+        codec = self._codec
+        ref = m.producer_controller
+        if ref is self._ref:
+            address = self._address
+        else:
+            last = codec._last_address
+            address = last[1] if last[0] is ref else codec._address(ref)
+        inner = m.message
+        if type(inner) is bytes and self._bytes_as_is:
+            return BYTES, "", inner, address
+        serializer_id, manifest, data = codec._serialize(inner)
+        if type(inner) is bytes:
+            self._bytes_as_is = serializer_id == BYTES and not manifest and data is inner
+        return serializer_id, manifest, data, address
+
+    def _open_run(
+        self,
+        target: str,
+        m: SequencedMessage,
+        *,
+        serializer_id: int,
+        manifest: str,
+        data: bytes,
+        address: str,
+    ) -> None:
+        envelopes = self.frame.envelopes
+        envelope = envelopes.add()
+        try:
+            envelope.target = target
+            run = envelope.sequenced_run
+            run.producer_id = m.producer_id
+            run.first_seq_nr = m.seq_nr
+            run.producer_controller = address
+            run.serializer_id = serializer_id
+            run.manifest = manifest
+            run.data.append(data)  # gives the body its presence (a run is never empty)
+        except Exception:
+            del envelopes[-1]
+            raise
+        self._data = run.data
+        self._target = target
+        self._producer_id = m.producer_id
+        self._address = address
+        self._serializer_id = serializer_id
+        self._manifest = manifest
+
+
+def messages_in(frame: transport_pb2.Frame) -> int:
+    """How many messages ``frame`` carries: one per envelope, each message of a run."""
+    return sum(
+        len(envelope.sequenced_run.data) if envelope.WhichOneof("body") == "sequenced_run" else 1
+        for envelope in frame.envelopes
+    )
+
+
+def split_frame(
+    frame: transport_pb2.Frame,
+) -> tuple[transport_pb2.Frame, transport_pb2.Frame] | None:
+    """``frame``'s envelopes in two frames, in order, or None if it carries one message.
+
+    A frame of several envelopes is cut between envelopes, half of them on each side; a
+    frame of one run is cut inside the run, into two runs of about half its messages.
+    ``frame``'s ``hello`` is not copied.
+    """
+    envelopes = frame.envelopes
+    head = transport_pb2.Frame()
+    tail = transport_pb2.Frame()
+    if len(envelopes) > 1:
+        half = len(envelopes) // 2
+        head.envelopes.extend(envelopes[:half])
+        tail.envelopes.extend(envelopes[half:])
+        return head, tail
+    if len(envelopes) == 1 and envelopes[0].WhichOneof("body") == "sequenced_run":
+        envelope = envelopes[0]
+        half = len(envelope.sequenced_run.data) // 2
+        if half == 0:
+            return None
+        head.envelopes.add().CopyFrom(envelope)
+        del head.envelopes[0].sequenced_run.data[half:]
+        second = tail.envelopes.add()
+        second.CopyFrom(envelope)
+        del second.sequenced_run.data[:half]
+        second.sequenced_run.first_seq_nr += half
+        return head, tail
+    return None
 
 
 # Dispatch tables of plain functions (no bound method made per call).

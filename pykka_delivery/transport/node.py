@@ -32,7 +32,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from grpc_health.v1.health import aio as health_aio
 from pykka_delivery.actors.messages import PeerLinkChanged, Ref
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
-from pykka_delivery.transport.codec import Codec, CodecError
+from pykka_delivery.transport.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
 from pykka_delivery.transport.settings import NodeSettings
 
 __all__ = ["Node", "NodeStats", "RemoteRef"]
@@ -98,13 +98,15 @@ class NodeStats:
     """Counters of a node, as a frozen snapshot.
 
     Attributes:
-        frames_sent / envelopes_sent: what the writers put on links.
+        frames_sent / envelopes_sent: what the writers put on links. The envelope
+            counters count messages: each message of a run (consecutive messages of one
+            producer sharing one envelope) counts once.
         frames_received / envelopes_received: what the readers took off links.
         links_opened / links_lost: links established (dialled or accepted) and broken.
         dropped_pending: envelopes dropped because a disconnected peer's outbox was full.
-        dropped_unsendable: envelopes that could not be encoded or exceeded the size limit.
-        lost_in_flight: envelopes in a frame whose write failed (the protocol resends).
-        malformed: received envelopes that could not be decoded.
+        dropped_unsendable: messages that could not be encoded or exceeded the size limit.
+        lost_in_flight: messages in a frame whose write failed (the protocol resends).
+        malformed: received envelopes that could not be decoded (a run counts once).
         unknown_target: received envelopes for a name nothing is exposed under.
         rejected_links: links refused (authentication, missing hello).
     """
@@ -168,6 +170,7 @@ class _Peer:
         self.address = address
         self.outbox: deque[tuple[str, Any]] = deque()
         self.idle = False
+        self.oldest = 0.0  # when the outbox last went from empty to not empty
         self.wake = asyncio.Event()
         self.streams: list[_Stream] = []
         self.linked = asyncio.Event()
@@ -175,20 +178,29 @@ class _Peer:
         self.channel: grpc.aio.Channel | None = None
 
     def enqueue(self, target: str, message: Any) -> None:
-        """Any thread: queue, and wake the writer only if it is idle."""
+        """Any thread: queue, wake the writer only if it is idle, and let it have the GIL
+        when what is queued should not wait (see ``NodeSettings.yield_after``)."""
+        node = self.node
         outbox = self.outbox
+        if not outbox:
+            self.oldest = time.monotonic()
         outbox.append((target, message))
-        if len(outbox) > self.node.settings.max_pending:
+        if len(outbox) > node.settings.max_pending:
             outbox.popleft()
-            self.node._counters.dropped_pending += 1
+            node._counters.dropped_pending += 1
         if self.idle:
             self.idle = False
-            self.node._loop.call_soon_threadsafe(self.wake.set)
-            if threading.get_ident() != self.node._loop_thread_id:
-                # Let the node's thread take the GIL now and write: otherwise a busy
-                # application thread keeps it for a whole switch interval (5 ms), and the
-                # message (a Request the other side is waiting for) sits in the outbox.
-                time.sleep(0)
+            node._loop.call_soon_threadsafe(self.wake.set)
+            if type(message) in PROMPT and threading.get_ident() != node._loop_thread_id:
+                time.sleep(0)  # the node's thread writes it now; the other side waits for it
+        elif (
+            time.monotonic() - self.oldest >= node.settings.yield_after
+            and threading.get_ident() != node._loop_thread_id
+        ):
+            # A busy application thread would keep the GIL for a whole switch interval
+            # (5 ms) while the batch waits: hand it over, once per yield_after.
+            self.oldest = time.monotonic()
+            time.sleep(0)
 
     async def run(self) -> None:
         """The writer: one frame per write, holding everything that was waiting."""
@@ -209,12 +221,12 @@ class _Peer:
                 continue
             if settings.linger:
                 await asyncio.sleep(settings.linger)
-            frame = _Frame()
-            count = 0
-            while outbox and count < settings.max_batch:
+            # Consecutive SequencedMessages of one producer share one envelope (a run).
+            builder = FrameBuilder(codec)
+            while outbox and builder.messages < settings.max_batch:
                 target, message = outbox.popleft()
                 try:
-                    codec.add(frame, target, message)
+                    builder.add(target, message)
                 except Exception as error:
                     logger.error(
                         "Cannot send %s to %s/%s: %s",
@@ -224,24 +236,24 @@ class _Peer:
                         error,
                     )
                     counters.dropped_unsendable += 1
-                    continue
-                count += 1
-            if count:
-                for part in node._fit(frame):
-                    await self._write(part)
+            if builder.messages:
+                for part, messages in node._fit(builder.frame, builder.messages):
+                    await self._write(part, messages)
 
-    async def _write(self, frame: _Frame) -> None:
+    async def _write(self, frame: _Frame, messages: int) -> None:
+        """Write ``frame``, which carries ``messages`` messages (the envelope counters
+        count messages, each message of a run included)."""
         stream = self.streams[-1]
         counters = self.node._counters
         try:
             await stream.write(frame)
         except Exception as error:  # the link broke under us; the protocol will resend
-            counters.lost_in_flight += len(frame.envelopes)
+            counters.lost_in_flight += messages
             logger.info("Link to %s broke while writing: %s", self.address, error)
             self.detach(stream)
             return
         counters.frames_sent += 1
-        counters.envelopes_sent += len(frame.envelopes)
+        counters.envelopes_sent += messages
 
     async def _connect(self) -> None:
         """Dial until a link exists (ours, or one the peer opened meanwhile)."""
@@ -452,28 +464,31 @@ class Node:
             raise ValueError(msg)
         return f"{self.address}/{known[1]}"
 
-    def _fit(self, frame: _Frame) -> Iterable[_Frame]:
-        """``frame``, split so that each part is within ``max_message_bytes``."""
+    def _fit(self, frame: _Frame, messages: int) -> list[tuple[_Frame, int]]:
+        """``frame`` (carrying ``messages`` messages), split so that each part is within
+        ``max_message_bytes``: the parts, each with the number of messages it carries.
+
+        A frame is halved between envelopes, a frame of one run inside the run, until
+        each part fits; a single message too large is dropped.
+        """
         limit = self.settings.max_message_bytes
-        if frame.ByteSize() <= limit:
-            return [frame]
-        envelopes = list(frame.envelopes)
-        if len(envelopes) == 1:
+        size = frame.ByteSize()
+        if size <= limit:
+            return [(frame, messages)]
+        halves = split_frame(frame)
+        if halves is None:
             logger.error(
                 "A message for %s is %d bytes, above max_message_bytes=%d: raise that setting "
                 "or set chunk_large_messages on the producer",
-                envelopes[0].target,
-                frame.ByteSize(),
+                frame.envelopes[0].target,
+                size,
                 limit,
             )
             self._counters.dropped_unsendable += 1  # after the log: tests wait on the count
             return []
-        half = len(envelopes) // 2
-        parts: list[_Frame] = []
-        for chunk in (envelopes[:half], envelopes[half:]):
-            part = _Frame()
-            part.envelopes.extend(chunk)
-            parts.extend(self._fit(part))
+        parts: list[tuple[_Frame, int]] = []
+        for half in halves:
+            parts.extend(self._fit(half, messages_in(half)))
         return parts
 
     # --- receiving -------------------------------------------------------------------
@@ -491,30 +506,18 @@ class Node:
 
     def _deliver(self, frame: _Frame) -> None:
         """On the node's thread: decode a frame and tell each message to its target,
-        a run of messages for one target at once when it takes batches."""
+        consecutive messages for one target at once when it takes batches."""
         counters = self._counters
         counters.frames_received += 1
-        envelopes = frame.envelopes
-        counters.envelopes_received += len(envelopes)
-        decode = self._codec.decode
-        batch: list[Any] = []
-        batch_target = ""
-        for envelope in envelopes:
-            try:
-                message = decode(envelope)
-            except CodecError as error:
-                counters.malformed += 1
-                logger.warning("Malformed envelope from a peer: %s", error)
-                continue
-            target = envelope.target
-            if target != batch_target:
-                if batch:
-                    self._tell_batch(batch_target, batch)
-                    batch = []
-                batch_target = target
-            batch.append(message)
-        if batch:
-            self._tell_batch(batch_target, batch)
+        groups, errors = self._codec.decode_frame(frame)
+        # Messages, as the writer counts them; a malformed envelope counts as one.
+        counters.envelopes_received += len(errors)
+        for error in errors:
+            counters.malformed += 1
+            logger.warning("Malformed envelope from a peer: %s", error)
+        for target, messages in groups:
+            counters.envelopes_received += len(messages)
+            self._tell_batch(target, messages)
 
     def _tell_batch(self, name: str, messages: list[Any]) -> None:
         target = self._targets.get(name)

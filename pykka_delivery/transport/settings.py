@@ -65,11 +65,18 @@ class NodeSettings:
         max_message_bytes: largest frame sent or accepted on a link. Default 4 MiB. A
             single message larger than this is refused with an error naming this setting
             (use ``chunk_large_messages`` for large payloads).
-        max_batch: most envelopes put in one frame. Default 500.
-        linger: how long the writer waits for more envelopes after the previous write
+        max_batch: most messages put in one frame. Default 500.
+        linger: how long the writer waits for more messages after the previous write
             completed before sending a frame that is not full, in seconds. Default 0:
             hand the open batch over as soon as the writer is free.
-        max_pending: most envelopes queued for a peer that is not connected; beyond it the
+        yield_after: how long a message queued by an application thread that goes on
+            running may wait for the node's thread, in seconds, before that application
+            thread hands it the GIL (``time.sleep(0)``); without this, the node's thread
+            can wait for Python's whole switch interval (5 ms). Flow-control messages
+            (`Request`, `Resend`, `Ack`, `RegisterConsumer`) hand it over at once, since
+            the other side waits for them; data messages are left to gather into a batch.
+            Default 0.001 (shorter gathers smaller batches: more writes, more CPU).
+        max_pending: most messages queued for a peer that is not connected; beyond it the
             oldest are dropped (and counted): the delivery protocol resends what matters.
             Default 100 000.
         keepalive_time: seconds between HTTP/2 keepalive pings on an idle link. Default 10.
@@ -90,6 +97,7 @@ class NodeSettings:
     max_message_bytes: int = 4 * 1024 * 1024
     max_batch: int = 500
     linger: float = 0.0
+    yield_after: float = 0.001
     max_pending: int = 100_000
     keepalive_time: float = 10.0
     keepalive_timeout: float = 5.0
@@ -104,6 +112,7 @@ class NodeSettings:
             (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),
             (self.max_batch >= 1, f"max_batch must be at least 1, got {self.max_batch}"),
             (self.linger >= 0, f"linger must be >= 0 seconds, got {self.linger}"),
+            (self.yield_after >= 0, f"yield_after must be >= 0 seconds, got {self.yield_after}"),
             (self.max_pending >= 1, f"max_pending must be at least 1, got {self.max_pending}"),
             (self.keepalive_time > 0, "keepalive_time must be above 0 seconds"),
             (self.keepalive_timeout > 0, "keepalive_timeout must be above 0 seconds"),

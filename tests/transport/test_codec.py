@@ -1,4 +1,5 @@
-"""The wire codec: every message kind through a real frame and back, caching, and errors.
+"""The wire codec: every message kind through a real frame and back, runs of
+SequencedMessages, caching, and errors.
 
 Run this file directly for a micro-benchmark of encoding and decoding.
 """
@@ -32,16 +33,24 @@ from pykka_delivery.actors.messages import (
     SequencedMessage,
 )
 from pykka_delivery.protocol import (
+    BYTES,
     JSON,
     PICKLE,
     STR,
+    USER_SERIALIZER_ID_MIN,
     Serialization,
     SerializationError,
     delivery_pb2,
 )
 from pykka_delivery.protocol.transport_pb2 import Envelope, Frame, Hello
 from pykka_delivery.transport import codec as codec_module
-from pykka_delivery.transport.codec import Codec, CodecError
+from pykka_delivery.transport.codec import (
+    Codec,
+    CodecError,
+    FrameBuilder,
+    messages_in,
+    split_frame,
+)
 
 
 @dataclass(frozen=True)
@@ -107,8 +116,16 @@ def codec(resolver: Resolver) -> Codec:
     return Codec(Serialization(), resolver.address_of, resolver.ref_at)
 
 
-def sequenced(message: object, seq_nr: int = 1, *, first: bool = False, ack: bool = False) -> Any:
-    return SequencedMessage("producer-1", seq_nr, message, first, ack, PC)
+def sequenced(
+    message: object,
+    seq_nr: int = 1,
+    *,
+    first: bool = False,
+    ack: bool = False,
+    producer_id: str = "producer-1",
+    producer_controller: Ref = PC,
+) -> Any:
+    return SequencedMessage(producer_id, seq_nr, message, first, ack, producer_controller)
 
 
 def over_the_wire(codec: Codec, *messages: tuple[str, object]) -> list[Envelope]:
@@ -133,6 +150,31 @@ def round_trip(codec: Codec, message: object) -> Any:
 
 def envelope_with(**body: Any) -> Envelope:
     return Envelope(target="consumer-controller", **body)
+
+
+def built(codec: Codec, *messages: tuple[str, object]) -> Frame:
+    """Fill a `FrameBuilder` with ``(target, message)`` pairs; the frame another process
+    reads from it."""
+    builder = FrameBuilder(codec)
+    for target, message in messages:
+        builder.add(target, message)
+    assert builder.messages == len(messages)
+    return Frame.FromString(builder.frame.SerializeToString())
+
+
+def decoded(codec: Codec, frame: Frame) -> list[tuple[str, Any]]:
+    """The ``(target, message)`` pairs ``frame`` decodes to, in order, with no error."""
+    groups, errors = codec.decode_frame(frame)
+    assert errors == []
+    return [(target, message) for target, messages in groups for message in messages]
+
+
+def bodies(frame: Frame) -> list[str | None]:
+    return [envelope.WhichOneof("body") for envelope in frame.envelopes]
+
+
+def run_envelope(**run: Any) -> Envelope:
+    return Envelope(target="consumer-controller", sequenced_run=delivery_pb2.SequencedRun(**run))
 
 
 # ---------------------------------------------------------------------- SequencedMessage
@@ -500,34 +542,405 @@ def test_address_ref_at_refuses_raises_codec_error(codec: Codec) -> None:
 def test_every_kind_of_envelope_body_has_a_decoder() -> None:
     kinds = {field.name for field in Envelope.DESCRIPTOR.oneofs_by_name["body"].fields}
 
-    assert kinds == set(codec_module._DECODERS)
+    # A run carries several messages: decode_run reads it, not the one-message table.
+    assert kinds == {*codec_module._DECODERS, "sequenced_run"}
+
+
+# ----------------------------------------------------------------------------------- runs
+
+CONSUMER = "consumer-controller"
+
+
+def test_consecutive_sequenced_messages_of_one_producer_travel_in_one_envelope(
+    codec: Codec, resolver: Resolver
+) -> None:
+    sent = [(CONSUMER, sequenced(b"x" * 100, seq_nr)) for seq_nr in range(1, 501)]
+
+    frame = built(codec, *sent)
+
+    assert bodies(frame) == ["sequenced_run"]
+    run = frame.envelopes[0].sequenced_run
+    assert (run.producer_id, run.first_seq_nr, run.serializer_id) == ("producer-1", 1, BYTES)
+    assert decoded(codec, frame) == sent
+    assert resolver.addressed == [PC]
+    assert resolver.resolved == [PC.address]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=PAYLOADS.keys())
+def test_a_run_round_trips_with_its_payloads(codec: Codec, payload: object) -> None:
+    sent = [(CONSUMER, sequenced(payload, seq_nr)) for seq_nr in range(7, 17)]
+
+    frame = built(codec, *sent)
+    received = decoded(codec, frame)
+
+    assert bodies(frame) == ["sequenced_run"]
+    assert received == sent
+    assert all(type(m.message) is type(payload) for _, m in received)
+    assert all(m.producer_controller == PC for _, m in received)
+
+
+def test_decoded_run_names_one_producer_controller_ref(codec: Codec) -> None:
+    frame = built(codec, *((CONSUMER, sequenced(b"x", seq_nr)) for seq_nr in (1, 2, 3)))
+
+    refs = {id(m.producer_controller) for _, m in decoded(codec, frame)}
+
+    assert len(refs) == 1
+
+
+def test_an_equal_producer_controller_ref_continues_the_run(codec: Codec) -> None:
+    same_address = Endpoint(PC.address)  # equal to PC, another object
+    sent = [
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2, producer_controller=same_address)),
+        (CONSUMER, sequenced(b"c", 3)),
+    ]
+
+    frame = built(codec, *sent)
+
+    assert bodies(frame) == ["sequenced_run"]
+    assert decoded(codec, frame) == sent
+
+
+RUN, ONE = "sequenced_run", "sequenced"
+BREAKS: dict[str, tuple[tuple[str, object], list[str]]] = {
+    "other-target": (("other-consumer", sequenced(b"x", 3)), [RUN, RUN, RUN]),
+    "gap": ((CONSUMER, sequenced(b"x", 5)), [RUN, RUN, RUN]),
+    "first": ((CONSUMER, sequenced(b"x", 3, first=True)), [RUN, ONE, RUN]),
+    "ack": ((CONSUMER, sequenced(b"x", 3, ack=True)), [RUN, ONE, RUN]),
+    "chunk": (
+        (CONSUMER, sequenced(ChunkedMessage(b"x", True, False, STR, ""), 3)),
+        [RUN, ONE, RUN],
+    ),
+    "other-producer": ((CONSUMER, sequenced(b"x", 3, producer_id="producer-2")), [RUN, RUN, RUN]),
+    "other-serializer": ((CONSUMER, sequenced("text", 3)), [RUN, RUN, RUN]),
+    "other-controller": (
+        (CONSUMER, SequencedMessage("producer-1", 3, b"x", False, False, CC)),
+        [RUN, RUN, RUN],
+    ),
+    "other-message": (("producer-controller", Request(0, 20)), [RUN, "request", RUN]),
+}
+
+
+@pytest.mark.parametrize(("between", "expected"), BREAKS.values(), ids=BREAKS.keys())
+def test_a_message_that_does_not_continue_the_run_starts_another_envelope(
+    codec: Codec, between: tuple[str, object], expected: list[str]
+) -> None:
+    # seq_nr 3 (or 5) in the middle, then 4: after a break even seq_nr 4 opens a new run.
+    sent = [
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2)),
+        between,
+        (CONSUMER, sequenced(b"d", 4)),
+    ]
+
+    frame = built(codec, *sent)
+
+    assert bodies(frame) == expected
+    assert decoded(codec, frame) == sent
+
+
+def test_a_payload_with_another_manifest_starts_another_run(codec: Codec) -> None:
+    sent = [
+        (CONSUMER, sequenced(Hello(node="a"), 1)),
+        (CONSUMER, sequenced(delivery_pb2.Ack(confirmed_seq_nr=7), 2)),
+        (CONSUMER, sequenced(Hello(node="c"), 3)),
+    ]
+
+    frame = built(codec, *sent)
+
+    assert [e.sequenced_run.manifest for e in frame.envelopes] == [
+        "pykka_delivery.transport.v1.Hello",
+        "pykka_delivery.delivery.v1.Ack",
+        "pykka_delivery.transport.v1.Hello",
+    ]
+    assert decoded(codec, frame) == sent
+
+
+def test_a_run_with_a_manifest_keeps_it_for_every_message(codec: Codec) -> None:
+    sent = [(CONSUMER, sequenced(Hello(node=f"n{i}"), i)) for i in (1, 2, 3)]
+
+    frame = built(codec, *sent)
+
+    assert bodies(frame) == ["sequenced_run"]
+    assert frame.envelopes[0].sequenced_run.manifest == "pykka_delivery.transport.v1.Hello"
+    assert decoded(codec, frame) == sent
+
+
+def test_add_without_a_builder_never_makes_a_run(codec: Codec) -> None:
+    envelopes = over_the_wire(codec, (CONSUMER, sequenced(b"a", 1)), (CONSUMER, sequenced(b"b", 2)))
+
+    assert [e.WhichOneof("body") for e in envelopes] == ["sequenced", "sequenced"]
+
+
+class BytesAsText:
+    """A user serializer bound to ``bytes``: it must win over the short cut for bytes."""
+
+    serializer_id = USER_SERIALIZER_ID_MIN
+
+    def manifest(self, obj: object) -> str:
+        return "hex"
+
+    def to_bytes(self, obj: object) -> bytes:
+        assert isinstance(obj, bytes)
+        return obj.hex().encode()
+
+    def from_bytes(self, data: bytes, manifest: str) -> object:
+        return bytes.fromhex(data.decode())
+
+
+def test_a_user_serializer_bound_to_bytes_writes_the_run(resolver: Resolver) -> None:
+    serialization = Serialization()
+    serialization.register(BytesAsText(), for_types=(bytes,))
+    codec = Codec(serialization, resolver.address_of, resolver.ref_at)
+    sent = [(CONSUMER, sequenced(b"\x01\x02", seq_nr)) for seq_nr in (1, 2, 3)]
+
+    frame = built(codec, *sent)
+
+    run = frame.envelopes[0].sequenced_run
+    assert (run.serializer_id, run.manifest) == (USER_SERIALIZER_ID_MIN, "hex")
+    assert list(run.data) == [b"0102"] * 3
+    assert decoded(codec, frame) == sent
+
+
+# ---------------------------------------------------------------------- errors in runs
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [sequenced(object(), 3), sequenced(b"x", 3, producer_controller=LocalOnly())],
+    ids=["unserializable", "unreachable-controller"],
+)
+def test_a_failed_add_in_a_run_leaves_the_frame_as_it_was(codec: Codec, failing: object) -> None:
+    builder = FrameBuilder(codec)
+    builder.add(CONSUMER, sequenced(b"a", 1))
+    builder.add(CONSUMER, sequenced(b"b", 2))
+    before = builder.frame.SerializeToString()
+
+    with pytest.raises(ValueError) as raised:  # SerializationError is a ValueError
+        builder.add(CONSUMER, failing)
+
+    assert raised.value.__notes__ == [f"while encoding SequencedMessage for target {CONSUMER!r}"]
+    assert builder.frame.SerializeToString() == before
+    assert builder.messages == 2
+    builder.add(CONSUMER, sequenced(b"d", 4))  # after the gap at 3: a new run
+    frame = Frame.FromString(builder.frame.SerializeToString())
+    assert bodies(frame) == ["sequenced_run", "sequenced_run"]
+    assert decoded(codec, frame) == [
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2)),
+        (CONSUMER, sequenced(b"d", 4)),
+    ]
+
+
+def test_a_failed_add_of_another_message_does_not_end_the_run(codec: Codec) -> None:
+    builder = FrameBuilder(codec)
+    builder.add(CONSUMER, sequenced(b"a", 1))
+
+    with pytest.raises(SerializationError):
+        builder.add("service", object())
+    builder.add(CONSUMER, sequenced(b"b", 2))
+
+    assert len(builder.frame.envelopes) == 1
+    assert builder.messages == 2
+
+
+def test_decode_of_a_run_envelope_points_to_decode_run(codec: Codec) -> None:
+    [envelope] = built(
+        codec, (CONSUMER, sequenced(b"a", 1)), (CONSUMER, sequenced(b"b", 2))
+    ).envelopes
+
+    with pytest.raises(ValueError, match=r"run of 2 SequencedMessages.*decode_run") as raised:
+        codec.decode(envelope)
+
+    assert type(raised.value) is ValueError  # the caller's mistake, not a malformed envelope
+    assert codec.decode_run(envelope) == [sequenced(b"a", 1), sequenced(b"b", 2)]
+
+
+@pytest.mark.parametrize(
+    ("run", "problem"),
+    [
+        (
+            {
+                "producer_id": "producer-1",
+                "first_seq_nr": 1,
+                "serializer_id": BYTES,
+                "data": [b"x"],
+            },
+            "has an empty producer_controller address",
+        ),
+        (
+            {
+                "producer_id": "p",
+                "first_seq_nr": 1,
+                "producer_controller": "nowhere",
+                "data": [b"x"],
+            },
+            "names producer_controller 'nowhere', which cannot be resolved",
+        ),
+        (
+            {
+                "producer_id": "producer-1",
+                "first_seq_nr": 4,
+                "producer_controller": PC.address,
+                "serializer_id": STR,
+                "data": [b"ok", b"\xff", b"ok"],
+            },
+            "payload of SequencedMessage seq_nr 5 of producer 'producer-1' (in a run)",
+        ),
+        (
+            {"producer_id": "p", "first_seq_nr": 1, "producer_controller": PC.address},
+            "carries a SequencedRun without messages",
+        ),
+    ],
+    ids=["empty-address", "unresolvable-address", "undeserializable-element", "empty"],
+)
+def test_a_malformed_run_is_an_error_and_the_other_envelopes_are_decoded(
+    codec: Codec, run: dict[str, Any], problem: str
+) -> None:
+    frame = built(codec, (CONSUMER, sequenced(b"a", 1)), ("producer-controller", Ack(1)))
+    frame.envelopes.insert(1, run_envelope(**run))
+
+    groups, errors = codec.decode_frame(frame)
+
+    assert groups == [(CONSUMER, [sequenced(b"a", 1)]), ("producer-controller", [Ack(1)])]
+    [error] = errors
+    assert isinstance(error, CodecError)
+    assert problem in str(error)
+
+
+def test_decode_frame_reports_an_envelope_without_a_message(codec: Codec) -> None:
+    frame = built(codec, ("producer-controller", Ack(1)))
+    frame.envelopes.add(target="producer-controller")
+
+    groups, errors = codec.decode_frame(frame)
+
+    assert groups == [("producer-controller", [Ack(1)])]
+    assert [str(e) for e in errors] == [
+        "envelope for 'producer-controller' has no message: its body is empty, or of a kind "
+        "this version does not know (is the sender's version newer?)"
+    ]
+
+
+# ---------------------------------------------------------------------------- decode_frame
+
+
+def test_decode_frame_groups_consecutive_messages_for_one_target(codec: Codec) -> None:
+    frame = built(
+        codec,
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2, first=True)),
+        (CONSUMER, sequenced(b"c", 3)),
+        ("producer-controller", Request(0, 20)),
+        ("producer-controller", Ack(3)),
+        (CONSUMER, sequenced(b"d", 4)),
+    )
+
+    groups, errors = codec.decode_frame(frame)
+
+    assert errors == []
+    assert groups == [
+        (CONSUMER, [sequenced(b"a", 1), sequenced(b"b", 2, first=True), sequenced(b"c", 3)]),
+        ("producer-controller", [Request(0, 20), Ack(3)]),
+        (CONSUMER, [sequenced(b"d", 4)]),
+    ]
+
+
+def test_a_malformed_envelope_does_not_split_a_group(codec: Codec) -> None:
+    frame = built(codec, ("producer-controller", Ack(1)))
+    frame.envelopes.add(target="producer-controller")  # no body
+    frame.envelopes.add(target="producer-controller").ack.confirmed_seq_nr = 2
+
+    groups, errors = codec.decode_frame(frame)
+
+    assert groups == [("producer-controller", [Ack(1), Ack(2)])]
+    assert len(errors) == 1
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+def test_split_frame_cuts_a_run_in_two_runs(codec: Codec) -> None:
+    sent = [(CONSUMER, sequenced(bytes([seq_nr]), seq_nr)) for seq_nr in range(3, 14)]
+    frame = built(codec, *sent)
+
+    halves = split_frame(frame)
+
+    assert halves is not None
+    head, tail = halves
+    assert [e.sequenced_run.first_seq_nr for e in (*head.envelopes, *tail.envelopes)] == [3, 8]
+    assert (messages_in(head), messages_in(tail)) == (5, 6)
+    assert decoded(codec, head) + decoded(codec, tail) == sent
+
+
+def test_split_frame_cuts_between_envelopes(codec: Codec) -> None:
+    sent = [
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2)),
+        ("producer-controller", Ack(1)),
+        ("producer-controller", Request(1, 20)),
+    ]
+    frame = built(codec, *sent)
+
+    halves = split_frame(frame)
+
+    assert halves is not None
+    head, tail = halves
+    assert (len(head.envelopes), len(tail.envelopes)) == (1, 2)
+    assert (messages_in(head), messages_in(tail)) == (2, 2)
+    assert decoded(codec, head) + decoded(codec, tail) == sent
+
+
+@pytest.mark.parametrize(
+    "message",
+    [sequenced(b"a", 1), sequenced(b"a", 1, first=True), Ack(1)],
+    ids=["run", "one", "ack"],
+)
+def test_split_frame_cannot_cut_a_single_message(codec: Codec, message: object) -> None:
+    frame = built(codec, (CONSUMER, message))
+
+    assert messages_in(frame) == 1
+    assert split_frame(frame) is None
 
 
 # ------------------------------------------------------------------------ micro-benchmark
 
 
 def benchmark(batches: int = 2000, batch_size: int = 200) -> None:
-    """Per-message cost of `Codec.add` and `Codec.decode` for a SequencedMessage with a
-    100-byte payload, timed per batch of ``batch_size`` messages in one frame."""
+    """Per-message cost of encoding and decoding a SequencedMessage with a 100-byte
+    payload, timed per batch of ``batch_size`` messages in one frame: one envelope per
+    message (`Codec.add`, `Codec.decode`), and in runs (`FrameBuilder`,
+    `Codec.decode_frame`)."""
     codec = Codec(Serialization(), lambda ref: PC.address, Endpoint)
     messages = [sequenced(bytes(100), seq_nr) for seq_nr in range(1, batch_size + 1)]
-    encode: list[float] = []
-    decode: list[float] = []
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, start: float) -> None:
+        times.setdefault(name, []).append((time.perf_counter() - start) / batch_size * 1e6)
+
     for _ in range(batches):
         frame = Frame()
         start = time.perf_counter()
         for message in messages:
             codec.add(frame, "consumer-controller", message)
-        encode.append((time.perf_counter() - start) / batch_size * 1e6)
+        timed("encode, add", start)
         received = Frame.FromString(frame.SerializeToString())
         start = time.perf_counter()
         for envelope in received.envelopes:
             codec.decode(envelope)
-        decode.append((time.perf_counter() - start) / batch_size * 1e6)
-    for name, times in (("encode", encode), ("decode", decode)):
+        timed("decode, decode", start)
+        start = time.perf_counter()
+        builder = FrameBuilder(codec)
+        for message in messages:
+            builder.add("consumer-controller", message)
+        timed("encode, FrameBuilder", start)
+        received = Frame.FromString(builder.frame.SerializeToString())
+        start = time.perf_counter()
+        codec.decode_frame(received)
+        timed("decode, decode_frame", start)
+    for name, per_message in times.items():
         print(
-            f"{name}: {statistics.median(times):.2f} µs/msg median, {min(times):.2f} best "
-            f"({batches} batches of {batch_size})"
+            f"{name}: {statistics.median(per_message):.2f} µs/msg median, "
+            f"{min(per_message):.2f} best ({batches} batches of {batch_size})"
         )
 
 

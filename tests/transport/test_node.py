@@ -28,9 +28,10 @@ from pykka_delivery import (
     RegisterToProducerController,
     RequestNext,
 )
-from pykka_delivery.actors.messages import PeerLinkChanged
-from pykka_delivery.protocol import transport_pb2
+from pykka_delivery.actors.messages import PeerLinkChanged, SequencedMessage
+from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
+from pykka_delivery.transport.codec import FrameBuilder
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
 from tests.tcp_proxy import TcpProxy
 
@@ -372,6 +373,108 @@ def test_malformed_envelopes_and_unknown_targets_are_counted_not_fatal(
     assert stats.unknown_target == 1
 
 
+class Sink:
+    """An exposed target that records what it is told; ``wait`` for a count."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.changed = threading.Condition()
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, PeerLinkChanged):
+            return
+        with self.changed:
+            self.messages.append(message)
+            self.changed.notify_all()
+
+    def wait(self, count: int) -> list[Any]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.messages) >= count, WAIT), (
+                f"got {len(self.messages)} of {count}"
+            )
+        return self.messages
+
+
+def test_a_run_above_max_message_bytes_is_split_into_runs_that_fit(nodes: list[Node]) -> None:
+    a = start(nodes, NodeSettings(max_message_bytes=2048))
+    controller = a.ref(f"{a.address}/orders")
+    builder = FrameBuilder(a._codec)
+    sent = [
+        SequencedMessage("orders", n, b"x" * 100, False, False, controller) for n in range(1, 101)
+    ]
+    for message in sent:
+        builder.add("c", message)
+
+    parts = a._fit(builder.frame, builder.messages)
+
+    assert len(builder.frame.envelopes) == 1
+    assert len(parts) > 1
+    assert all(part.ByteSize() <= 2048 for part, _ in parts)
+    assert sum(count for _, count in parts) == 100
+    received = [m for part, _ in parts for _, ms in a._codec.decode_frame(part)[0] for m in ms]
+    assert received == sent
+    assert a.statistics().dropped_unsendable == 0
+
+
+def test_sequenced_messages_queued_before_the_link_arrive_in_order_within_the_size_limit(
+    nodes: list[Node],
+) -> None:
+    a = start(nodes, NodeSettings(max_message_bytes=2048))
+    b = start(nodes, NodeSettings(max_message_bytes=2048))
+    sink = Sink()
+    b.register("sink", sink)
+    ref = a.ref(f"{b.address}/sink")
+    controller = a.ref(f"{a.address}/orders")
+    sent = [
+        SequencedMessage("orders", n, b"x" * 100, False, False, controller) for n in range(1, 201)
+    ]
+
+    for message in sent:  # queued while a dials b: frames of runs above 2048 bytes
+        ref.tell(message)
+
+    assert sink.wait(200) == sent
+    deadline = time.monotonic() + WAIT
+    while a.statistics().envelopes_sent < 200:  # counted once the last write returned
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert a.statistics().envelopes_sent == 200  # counted per message, runs or not
+    assert a.statistics().dropped_unsendable == 0
+    assert b.statistics().envelopes_received == 200
+
+
+def test_a_malformed_run_is_counted_and_the_rest_of_the_frame_is_delivered(
+    nodes: list[Node],
+) -> None:
+    a = start(nodes)
+    sink = Sink()
+    a.register("sink", sink)
+    producer_controller = "127.0.0.1:9/orders"
+    frame = transport_pb2.Frame()
+    frame.hello.node = "127.0.0.1:9"
+    for first_seq_nr, address in ((1, producer_controller), (3, ""), (5, producer_controller)):
+        frame.envelopes.add(
+            target="sink",
+            sequenced_run=delivery_pb2.SequencedRun(
+                producer_id="orders",
+                first_seq_nr=first_seq_nr,
+                producer_controller=address,
+                serializer_id=BYTES,
+                data=[b"a", b"b"],
+            ),
+        )
+    with grpc.insecure_channel(a.address) as channel:
+        link = channel.stream_stream(
+            "/pykka_delivery.transport.v1.Node/Link",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        list(link(iter([frame.SerializeToString()]), timeout=5))  # ends when we half-close
+
+    received = sink.wait(4)
+    assert [(m.seq_nr, m.message) for m in received] == [(1, b"a"), (2, b"b"), (5, b"a"), (6, b"b")]
+    assert a.statistics().malformed == 1
+
+
 def test_every_node_serves_the_standard_health_check(nodes: list[Node]) -> None:
     a = start(nodes)
     with grpc.insecure_channel(a.address) as channel:
@@ -449,3 +552,24 @@ def test_a_stopping_node_delivers_the_last_frame_it_wrote(nodes: list[Node]) -> 
 
     with arrived:
         assert arrived.wait_for(lambda: b"last" in got, WAIT), got
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("port", 70000),
+        ("max_message_bytes", 10),
+        ("max_batch", 0),
+        ("linger", -1.0),
+        ("yield_after", -0.001),
+        ("max_pending", 0),
+        ("keepalive_time", 0.0),
+        ("keepalive_timeout", 0.0),
+        ("reconnect_backoff_min", 0.0),
+        ("connect_timeout", 0.0),
+        ("token", ""),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        NodeSettings(**{field: value})  # type: ignore[arg-type]
