@@ -1,0 +1,340 @@
+"""Commands the coordinator applies, and its replies.
+
+Commands are frozen, slotted records of plain values (str, int, float, tuples of str), so
+a command log can store them and replaying the log rebuilds the state exactly. Time comes
+in as data (``now``, wall-clock seconds), never from a clock. Each command checks its own
+values on construction (`ValueError` naming the field); `machine.apply` then either applies
+it or refuses it with a `Refused` reply, leaving the state unchanged. Don't subclass these.
+
+Who sends what:
+
+* a consumer's connection: `RegisterConsumer`, `UnregisterConsumer`, `ActivateConsumer`
+  (its answer to a step-down), `ConnectionReconnected` (its answer to `CheckConnection`);
+* the shell's liveness tracking: `ConnectionDown`, `ConnectionLost`, `NodeReconnected`,
+  and `DisconnectedTimeout` when a `StartTimer` fires;
+* the shell's periodic sweep and operators: `PurgeStaleConnections`, `EvaluateGroup`,
+  `ActivateConsumer` (as a last-resort unblock), `UpdateSettings`;
+* the shell after a restart, once the log is replayed: `Recover`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from pykka_delivery.coordinator.state import SIMPLE, CoordinatorSettings, GroupId
+
+__all__ = [
+    "OK",
+    "ActivateConsumer",
+    "Command",
+    "ConnectionDown",
+    "ConnectionLost",
+    "ConnectionReconnected",
+    "DisconnectedTimeout",
+    "EvaluateGroup",
+    "NodeReconnected",
+    "Ok",
+    "PurgeStaleConnections",
+    "Recover",
+    "Refusal",
+    "Refused",
+    "RegisterConsumer",
+    "Registered",
+    "Reply",
+    "UnregisterConsumer",
+    "UpdateSettings",
+]
+
+
+def _require(condition: bool, msg: str) -> None:
+    if not condition:
+        raise ValueError(msg)
+
+
+def _check_names(command: object, *names: str) -> None:
+    for name in names:
+        value = getattr(command, name)
+        _require(
+            isinstance(value, str) and value != "",
+            f"{type(command).__name__}.{name} must be a non-empty string, got {value!r}",
+        )
+
+
+def _check_now(command: object, now: float) -> None:
+    _require(
+        math.isfinite(now),
+        f"{type(command).__name__}.now must be finite wall-clock seconds, got {now!r}",
+    )
+
+
+class _GroupCommand:
+    """Mixin: the `GroupId` of a command that names a group."""
+
+    __slots__ = ()
+    namespace: str
+    stream: str
+    name: str
+
+    @property
+    def group_id(self) -> GroupId:
+        return GroupId(self.namespace, self.stream, self.name)
+
+
+# --- from a consumer's connection --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterConsumer(_GroupCommand):
+    """Add a consumer to a group, creating the group if needed.
+
+    ``partition_index`` is `SIMPLE` (-1) for a plain stream, or the partition's index in
+    its super stream; a group keeps the index it was created with. Replies `Registered`,
+    or `Refused` (``PARTITION_INDEX_CONFLICT``). Registering the same
+    ``(connection, subscription_id)`` again changes nothing and replies its status.
+    """
+
+    namespace: str
+    stream: str
+    name: str
+    connection: str
+    subscription_id: int
+    node: str
+    partition_index: int = SIMPLE
+    owner: str = ""
+
+    def __post_init__(self) -> None:
+        _check_names(self, "namespace", "stream", "name", "connection", "node")
+        _require(
+            self.subscription_id >= 0,
+            f"RegisterConsumer.subscription_id must be 0 or more, got {self.subscription_id}",
+        )
+        _require(
+            self.partition_index >= SIMPLE,
+            f"RegisterConsumer.partition_index must be -1 (simple group) or a partition "
+            f"index (0 or more), got {self.partition_index}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterConsumer(_GroupCommand):
+    """Remove a consumer from its group. Replies `Ok`, or `Refused`
+    (``CONSUMER_NOT_FOUND``: nothing to do, it is already gone)."""
+
+    namespace: str
+    stream: str
+    name: str
+    connection: str
+    subscription_id: int
+
+    def __post_init__(self) -> None:
+        _check_names(self, "namespace", "stream", "name", "connection")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateConsumer(_GroupCommand):
+    """A consumer told to step down has finished: choose the group's active consumer.
+
+    Names the group, not the consumer, as in RabbitMQ: a connection that no longer has the
+    subscription can still answer. Also an operator's last-resort unblock. Replies `Ok`,
+    or `Refused` (``GROUP_NOT_FOUND``).
+    """
+
+    namespace: str
+    stream: str
+    name: str
+
+    def __post_init__(self) -> None:
+        _check_names(self, "namespace", "stream", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionReconnected:
+    """The connection is alive (its answer to `CheckConnection`, or it came back): its
+    consumers are connected again and their groups re-evaluated. Replies `Ok`."""
+
+    connection: str
+
+    def __post_init__(self) -> None:
+        _check_names(self, "connection")
+
+
+# --- from the shell's liveness tracking ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionDown:
+    """The connection is gone for good (closed or crashed): remove its consumers.
+    Replies `Ok`, also for a connection with no consumers."""
+
+    connection: str
+
+    def __post_init__(self) -> None:
+        _check_names(self, "connection")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLost:
+    """The connection cannot be reached (it may still be alive): its consumers become
+    disconnected and its disconnected timer starts. ``now`` is wall-clock seconds.
+    Replies `Ok`."""
+
+    connection: str
+    now: float
+
+    def __post_init__(self) -> None:
+        _check_names(self, "connection")
+        _check_now(self, self.now)
+
+
+@dataclass(frozen=True, slots=True)
+class DisconnectedTimeout:
+    """The disconnected timer of ``connection`` fired: its disconnected consumers are
+    presumed down. Also the key of that timer in `StartTimer` / `CancelTimer`. Replies
+    `Ok`; a timer that fires after the connection came back changes nothing."""
+
+    connection: str
+
+    def __post_init__(self) -> None:
+        _check_names(self, "connection")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReconnected:
+    """The link to ``node`` is back: ask each of its connections whether it is alive
+    (`CheckConnection`). Changes no state. Replies `Ok`."""
+
+    node: str
+
+    def __post_init__(self) -> None:
+        _check_names(self, "node")
+
+
+# --- from the shell's sweep and operators ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeStaleConnections:
+    """Remove every consumer of the given connections and of every connection on the
+    given nodes, as if each connection went down. The shell finds them (for example nodes
+    that left the cluster). Replies `Ok`."""
+
+    nodes: tuple[str, ...] = ()
+    connections: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "connections"):
+            values = getattr(self, name)
+            _require(
+                isinstance(values, tuple) and all(isinstance(v, str) for v in values),
+                f"PurgeStaleConnections.{name} must be a tuple of strings, got {values!r}",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluateGroup(_GroupCommand):
+    """Operator clean-up of a stuck group: drop every consumer that is disconnected,
+    presumed down, or on one of ``dead_connections``, then choose the active consumer
+    again. Replies `Ok`, or `Refused` (``GROUP_NOT_FOUND``)."""
+
+    namespace: str
+    stream: str
+    name: str
+    dead_connections: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_names(self, "namespace", "stream", "name")
+        _require(
+            isinstance(self.dead_connections, tuple)
+            and all(isinstance(v, str) for v in self.dead_connections),
+            f"EvaluateGroup.dead_connections must be a tuple of strings, "
+            f"got {self.dead_connections!r}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSettings:
+    """Replace the settings wholesale (fields and defaults as `CoordinatorSettings`).
+    Running timers keep their delay. Replies `Ok`."""
+
+    disconnected_timeout: float = 60.0
+    recovery_min_delay: float = 10.0
+
+    def __post_init__(self) -> None:
+        self.settings()  # validates
+
+    @classmethod
+    def of(cls, settings: CoordinatorSettings) -> UpdateSettings:
+        return cls(settings.disconnected_timeout, settings.recovery_min_delay)
+
+    def settings(self) -> CoordinatorSettings:
+        return CoordinatorSettings(self.disconnected_timeout, self.recovery_min_delay)
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """The coordinator restarted and replayed its log: re-issue what a running coordinator
+    keeps outside its state (watches, timers, the last consumer updates). Changes no
+    state. ``now`` is wall-clock seconds. Replies `Ok`."""
+
+    now: float
+
+    def __post_init__(self) -> None:
+        _check_now(self, self.now)
+
+
+Command = (
+    RegisterConsumer
+    | UnregisterConsumer
+    | ActivateConsumer
+    | ConnectionReconnected
+    | ConnectionDown
+    | ConnectionLost
+    | DisconnectedTimeout
+    | NodeReconnected
+    | PurgeStaleConnections
+    | EvaluateGroup
+    | UpdateSettings
+    | Recover
+)
+
+
+# --- replies ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """The command was applied (use the `OK` instance)."""
+
+
+OK = Ok()
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """`RegisterConsumer` applied; ``active`` tells whether the consumer is the group's
+    active one now. Delivery starts only with the `SendConsumerUpdate` that follows."""
+
+    active: bool
+
+
+class Refusal(enum.Enum):
+    """Why a command was refused."""
+
+    PARTITION_INDEX_CONFLICT = "partition_index_conflict"
+    GROUP_NOT_FOUND = "group_not_found"
+    CONSUMER_NOT_FOUND = "consumer_not_found"
+    UNKNOWN_COMMAND = "unknown_command"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The command was refused and changed nothing; ``message`` names the problem and
+    the fix."""
+
+    reason: Refusal
+    message: str
+
+
+Reply = Ok | Registered | Refused

@@ -1,0 +1,484 @@
+"""The single-active-consumer coordinator's state machine, pure: commands in, effects out.
+
+Theory of operation (a port of RabbitMQ's ``rabbit_stream_sac_coordinator``; see
+shared/reference/rabbitmq-sac.md and docs/coordinator.md):
+
+* Consumers register in groups keyed by (namespace, stream, consumer name). Each group has
+  at most one consumer that counts as active (active or deactivating, not presumed down).
+* Simple group: the first registered becomes active; when the active consumer leaves, the
+  first eligible (connected) consumer takes over at once.
+* Partitioned group (a partition of a super stream): the active consumer is
+  ``eligible[partition_index % len(eligible)]``. When that changes, the current active one
+  is told to step down (``SendConsumerUpdate(active=False)``) and becomes deactivating; the
+  new one is activated only when the step-down is answered with `ActivateConsumer`, so two
+  consumers never consume at once.
+* A lost connection makes its consumers disconnected and starts a timer. A disconnected
+  active consumer blocks its group: it may still be consuming. When the timer fires its
+  consumers are presumed down and ignored; the group chooses another active consumer.
+  When the connection comes back, a presumed-down active consumer is told to step down.
+* Nothing here reads a clock, sends, or keeps an index that could drift from the groups:
+  which groups a connection is in is derived from the groups each time.
+
+This module owns every transition: only it builds new `Group` and `CoordinatorState`
+records. The rules are the four helpers of the reference's section 2.1:
+`_activate_chosen`, `_rebalance` (``maybe_rebalance_group``), `_after_removal`
+(``handle_consumer_removal``) and `Group.chosen` (``evaluate_active_consumer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from pykka_delivery.coordinator.commands import (
+    OK,
+    ActivateConsumer,
+    Command,
+    ConnectionDown,
+    ConnectionLost,
+    ConnectionReconnected,
+    DisconnectedTimeout,
+    EvaluateGroup,
+    NodeReconnected,
+    PurgeStaleConnections,
+    Recover,
+    Refusal,
+    Refused,
+    RegisterConsumer,
+    Registered,
+    Reply,
+    UnregisterConsumer,
+    UpdateSettings,
+)
+from pykka_delivery.coordinator.effects import (
+    CancelTimer,
+    CheckConnection,
+    Effect,
+    StartTimer,
+    UnwatchConnection,
+    WatchConnection,
+    activate,
+    step_down,
+)
+from pykka_delivery.coordinator.state import (
+    Activity,
+    Connectivity,
+    Consumer,
+    CoordinatorSettings,
+    CoordinatorState,
+    Group,
+    GroupId,
+)
+
+__all__ = ["Outcome", "apply", "initial_state", "replay"]
+
+_ACTIVE = Activity.ACTIVE
+_WAITING = Activity.WAITING
+_DEACTIVATING = Activity.DEACTIVATING
+_CONNECTED = Connectivity.CONNECTED
+_DISCONNECTED = Connectivity.DISCONNECTED
+_PRESUMED_DOWN = Connectivity.PRESUMED_DOWN
+
+
+class Outcome(NamedTuple):
+    """What `apply` returns: the new state, the reply to the command's sender, and the
+    effects for the shell to carry out in order."""
+
+    state: CoordinatorState
+    reply: Reply
+    effects: list[Effect]
+
+
+def initial_state(settings: CoordinatorSettings | None = None) -> CoordinatorState:
+    """A coordinator with no groups."""
+    return CoordinatorState(settings=settings or CoordinatorSettings())
+
+
+def apply(state: CoordinatorState, command: Command) -> Outcome:
+    """Apply ``command`` to ``state``.
+
+    Never raises for a domain problem: a refused command (or an unknown one) gives a
+    `Refused` reply, ``state`` itself and no effects. Effects list watches of new
+    connections first, then consumer updates and timers in group order, then cancelled
+    timers and unwatches.
+    """
+    handler = _HANDLERS.get(type(command))
+    if handler is None:
+        names = ", ".join(cls.__name__ for cls in _HANDLERS)
+        msg = f"unknown command {type(command).__name__}: apply() takes one of {names}"
+        return Outcome(state, Refused(Refusal.UNKNOWN_COMMAND, msg), [])
+    new_state, reply, effects = handler(state, command)
+    if isinstance(reply, Refused):
+        return Outcome(state, reply, [])
+    if isinstance(command, Recover):
+        return Outcome(new_state, reply, effects)
+    return Outcome(new_state, reply, _with_bookkeeping(state, new_state, command, effects))
+
+
+def replay(commands: Iterable[Command], state: CoordinatorState | None = None) -> CoordinatorState:
+    """The state after applying ``commands`` in order (from an empty coordinator by
+    default), effects discarded: how a command log is read back."""
+    state = initial_state() if state is None else state
+    for command in commands:
+        state = apply(state, command).state
+    return state
+
+
+# --- the selection rules (reference 2.1) ------------------------------------------------------
+
+_Changed = tuple[Group, list[Effect]]
+
+
+def _activate_chosen(gid: GroupId, group: Group) -> _Changed:
+    """No consumer counts as active: make the chosen one active and tell it."""
+    chosen = group.chosen()
+    if chosen is None or not chosen.is_connected:
+        return group, []
+    return group.updated(chosen.with_status(activity=_ACTIVE)), [activate(gid, chosen)]
+
+
+def _rebalance(gid: GroupId, group: Group) -> _Changed:
+    """Bring the group in line with its rule (``maybe_rebalance_group``).
+
+    A simple group keeps its active consumer (moved to the front, so it stays the first
+    eligible one). A partitioned group whose active consumer is no longer the chosen one
+    tells it to step down; the chosen one waits for the answer. With no active consumer,
+    the chosen one is activated.
+    """
+    if not group.consumers:
+        return group, []
+    current = group.active()
+    if current is None:
+        return _activate_chosen(gid, group)
+    if not group.is_partitioned:
+        return group.moved_to_front(current), []
+    chosen = group.chosen()
+    if chosen is None or chosen.key == current.key:
+        return group, []
+    # A consumer already deactivating is told again (RabbitMQ does too): cheap, and it
+    # repairs a lost step-down.
+    return (
+        group.updated(current.with_status(activity=_DEACTIVATING)),
+        [step_down(gid, current)],
+    )
+
+
+def _after_removal(gid: GroupId, group: Group, active_removed: bool) -> _Changed:
+    """Consumers left the group (``handle_consumer_removal``).
+
+    A simple group only reacts when its active consumer left. A partitioned group also
+    re-checks its rule when another consumer left, since ``len(eligible)`` changed.
+    """
+    if not group.consumers:
+        return group, []
+    if not active_removed and (not group.is_partitioned or group.active() is None):
+        return group, []
+    return _rebalance(gid, group)
+
+
+# --- handlers: (state, command) -> (state, reply, effects) ------------------------------------
+
+_Result = tuple[CoordinatorState, Reply, list[Effect]]
+
+
+def _register(state: CoordinatorState, command: RegisterConsumer) -> _Result:
+    gid = command.group_id
+    group = state.groups.get(gid)
+    if group is not None and group.partition_index != command.partition_index:
+        return state, _partition_conflict(gid, group, command), []
+    if group is None:
+        group = Group(command.partition_index)
+    existing = group.find(command.connection, command.subscription_id)
+    if existing is not None:
+        # A retried registration: idempotent, replies the stored status (reference 2.2
+        # replies a would-be status in simple groups and rebalances in partitioned ones).
+        return state, Registered(existing.counts_as_active), []
+    newcomer = Consumer(command.connection, command.subscription_id, command.node, command.owner)
+    if not group.consumers or (not group.is_partitioned and group.active() is None):
+        # The group's first consumer, or a simple group where nobody counts as active.
+        newcomer = newcomer.with_status(activity=_ACTIVE)
+        group = replace(group, consumers=(*group.consumers, newcomer))
+        effects: list[Effect] = [activate(gid, newcomer)]
+    else:
+        # It waits. A partitioned group re-checks its rule with the newcomer counted, so
+        # the newcomer is never activated on registration, only after a step-down.
+        group = replace(group, consumers=(*group.consumers, newcomer))
+        group, effects = _rebalance(gid, group) if group.is_partitioned else (group, [])
+    stored = group.find(command.connection, command.subscription_id)
+    active = stored is not None and stored.counts_as_active
+    return _with_group(state, gid, group), Registered(active), effects
+
+
+def _partition_conflict(gid: GroupId, group: Group, command: RegisterConsumer) -> Refused:
+    kind = "a partition of a super stream" if group.is_partitioned else "a simple group"
+    msg = (
+        f"{gid} is {kind} with partition index {group.partition_index}; connection "
+        f"{command.connection!r} asked to register subscription {command.subscription_id} "
+        f"with partition index {command.partition_index}. A group's partition index is "
+        f"fixed by its first consumer: register with partition index "
+        f"{group.partition_index}, or use another consumer name."
+    )
+    return Refused(Refusal.PARTITION_INDEX_CONFLICT, msg)
+
+
+def _unregister(state: CoordinatorState, command: UnregisterConsumer) -> _Result:
+    gid = command.group_id
+    key = (command.connection, command.subscription_id)
+    group = state.groups.get(gid)
+    if group is None or group.find(*key) is None:
+        where = "the group does not exist" if group is None else "it is not in the group"
+        msg = (
+            f"no consumer (connection {command.connection!r}, subscription "
+            f"{command.subscription_id}) in {gid}: {where}. It was never registered or "
+            f"was already removed (unregistered, connection down, purged): nothing to do."
+        )
+        return state, Refused(Refusal.CONSUMER_NOT_FOUND, msg), []
+    group, removed = group.without(lambda c: c.key == key)
+    group, effects = _after_removal(gid, group, removed[0].counts_as_active)
+    return _with_group(state, gid, group), OK, effects
+
+
+def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
+    gid = command.group_id
+    group = state.groups.get(gid)
+    if group is None:
+        msg = (
+            f"cannot activate a consumer in {gid}: the group does not exist (its last "
+            f"consumer left). Register a consumer to create it."
+        )
+        return state, Refused(Refusal.GROUP_NOT_FOUND, msg), []
+    if group.disconnected_active() is not None:
+        # Blocked: the disconnected active consumer may come back (reference 2.4).
+        return state, OK, []
+    if group.deactivating() is None:
+        # No step-down pending: a late or repeated answer, or an operator's unblock.
+        # Re-checking the rule never switches actives without a step-down.
+        group, effects = _rebalance(gid, group)
+        return _with_group(state, gid, group), OK, effects
+    # The step-down was answered: every connected consumer waits, the chosen one becomes
+    # active and is told so, even when it is the one that just stepped down (#16975).
+    group = group.mapped(lambda c: c.with_status(activity=_WAITING) if c.is_connected else c)
+    group, effects = _activate_chosen(gid, group)
+    return _with_group(state, gid, group), OK, effects
+
+
+def _connection_down(state: CoordinatorState, command: ConnectionDown) -> _Result:
+    state, effects = _remove_connections(state, frozenset({command.connection}))
+    return state, OK, effects
+
+
+def _connection_lost(state: CoordinatorState, command: ConnectionLost) -> _Result:
+    connection = command.connection
+
+    def lose(c: Consumer) -> Consumer:
+        if c.connection != connection or not c.is_connected:
+            return c  # presumed-down consumers stay so: a PA must not count as active again
+        # A deactivating consumer cannot answer its step-down now: it waits, and its group
+        # chooses again (RabbitMQ v6, PR #15353; it used to block the group).
+        activity = _WAITING if c.activity is _DEACTIVATING else c.activity
+        return replace(
+            c, connectivity=_DISCONNECTED, activity=activity, disconnected_at=command.now
+        )
+
+    def change(gid: GroupId, group: Group) -> _Changed:
+        was_deactivating = any(
+            c.connection == connection and c.is_connected and c.activity is _DEACTIVATING
+            for c in group.consumers
+        )
+        group = group.mapped(lose)
+        return _rebalance(gid, group) if was_deactivating else (group, [])
+
+    new_state, reply, effects = _for_groups_of(state, connection, change)
+    if new_state != state:
+        timeout = state.settings.disconnected_timeout
+        effects.append(StartTimer(DisconnectedTimeout(connection), timeout))
+    return new_state, reply, effects
+
+
+def _disconnected_timeout(state: CoordinatorState, command: DisconnectedTimeout) -> _Result:
+    connection = command.connection
+
+    def presume(c: Consumer) -> Consumer:
+        if c.connection != connection or not c.is_disconnected:
+            return c  # connected again: the timer is stale
+        activity = _WAITING if c.activity is _DEACTIVATING else c.activity
+        return c.with_status(_PRESUMED_DOWN, activity)
+
+    return _for_groups_of(state, connection, lambda gid, g: _rebalance_if_changed(gid, g, presume))
+
+
+def _connection_reconnected(state: CoordinatorState, command: ConnectionReconnected) -> _Result:
+    connection = command.connection
+
+    def reconnect(gid: GroupId, group: Group) -> _Changed:
+        # A presumed-down active consumer may have kept consuming while its group chose
+        # another one: tell it to step down. The rest of the connection's consumers are
+        # connected again as they were, and the group's rule is re-checked.
+        told: list[Effect] = []
+
+        def back(c: Consumer) -> Consumer:
+            if c.connection != connection:
+                return c
+            if c.connectivity is _PRESUMED_DOWN and c.activity is _ACTIVE:
+                told.append(step_down(gid, c))
+                return c.with_status(_CONNECTED, _WAITING)
+            return c.with_status(_CONNECTED)
+
+        group, effects = _rebalance(gid, group.mapped(back))
+        return group, told + effects
+
+    return _for_groups_of(state, connection, reconnect)
+
+
+def _node_reconnected(state: CoordinatorState, command: NodeReconnected) -> _Result:
+    connections = {
+        c.connection for g in state.groups.values() for c in g.consumers if c.node == command.node
+    }
+    return state, OK, [CheckConnection(c) for c in sorted(connections)]
+
+
+def _purge(state: CoordinatorState, command: PurgeStaleConnections) -> _Result:
+    nodes = set(command.nodes)
+    stale = set(command.connections) | {
+        c.connection for g in state.groups.values() for c in g.consumers if c.node in nodes
+    }
+    # All at once, per group: removing them one connection at a time could activate a
+    # consumer of a connection purged next (RabbitMQ PR #13671).
+    state, effects = _remove_connections(state, frozenset(stale))
+    return state, OK, effects
+
+
+def _evaluate(state: CoordinatorState, command: EvaluateGroup) -> _Result:
+    gid = command.group_id
+    group = state.groups.get(gid)
+    if group is None:
+        msg = f"cannot evaluate {gid}: the group does not exist. List the groups for its key."
+        return state, Refused(Refusal.GROUP_NOT_FOUND, msg), []
+    dead = set(command.dead_connections)
+    group, _ = group.without(lambda c: not c.is_connected or c.connection in dead)
+    group, effects = _rebalance(gid, group)
+    return _with_group(state, gid, group), OK, effects
+
+
+def _update_settings(state: CoordinatorState, command: UpdateSettings) -> _Result:
+    return replace(state, settings=command.settings()), OK, []
+
+
+def _recover(state: CoordinatorState, command: Recover) -> _Result:
+    effects: list[Effect] = [WatchConnection(c) for c in sorted(state.connections())]
+    # A consumer update decided just before the restart may never have been sent. Sending
+    # the current one again is harmless and unblocks a group whose update was lost.
+    for gid in sorted(state.groups):
+        for c in state.groups[gid].consumers:
+            if c.is_connected and c.activity is _ACTIVE:
+                effects.append(activate(gid, c))
+            elif c.is_connected and c.activity is _DEACTIVATING:
+                effects.append(step_down(gid, c))
+    settings = state.settings
+    lost_at: dict[str, float] = {}
+    for g in state.groups.values():
+        for c in g.consumers:
+            if c.is_disconnected:
+                lost_at[c.connection] = max(
+                    lost_at.get(c.connection, c.disconnected_at), c.disconnected_at
+                )
+    for connection in sorted(lost_at):
+        elapsed = max(0.0, command.now - lost_at[connection])
+        # The timer keeps its deadline but fires no sooner than recovery_min_delay after the
+        # restart (RabbitMQ has no rule between 10 s and the timeout; reference 1.6).
+        delay = max(
+            min(settings.recovery_min_delay, settings.disconnected_timeout),
+            settings.disconnected_timeout - elapsed,
+        )
+        effects.append(StartTimer(DisconnectedTimeout(connection), delay))
+    return state, OK, effects
+
+
+_HANDLERS: dict[type, Callable[[CoordinatorState, Any], _Result]] = {
+    RegisterConsumer: _register,
+    UnregisterConsumer: _unregister,
+    ActivateConsumer: _activate,
+    ConnectionReconnected: _connection_reconnected,
+    ConnectionDown: _connection_down,
+    ConnectionLost: _connection_lost,
+    DisconnectedTimeout: _disconnected_timeout,
+    NodeReconnected: _node_reconnected,
+    PurgeStaleConnections: _purge,
+    EvaluateGroup: _evaluate,
+    UpdateSettings: _update_settings,
+    Recover: _recover,
+}
+
+
+# --- plumbing ------------------------------------------------------------------------------------
+
+
+def _with_group(state: CoordinatorState, gid: GroupId, group: Group) -> CoordinatorState:
+    """``state`` with ``group`` stored under ``gid``; an empty group is deleted."""
+    groups = dict(state.groups)
+    if group.consumers:
+        groups[gid] = group
+    else:
+        groups.pop(gid, None)
+    return replace(state, groups=MappingProxyType(groups))
+
+
+def _for_groups_of(
+    state: CoordinatorState,
+    connection: str,
+    change: Callable[[GroupId, Group], _Changed],
+) -> _Result:
+    """Apply ``change`` to each group where ``connection`` has consumers, in key order."""
+    effects: list[Effect] = []
+    for gid in state.group_ids_of(connection):
+        group, changes = change(gid, state.groups[gid])
+        state = _with_group(state, gid, group)
+        effects += changes
+    return state, OK, effects
+
+
+def _rebalance_if_changed(
+    gid: GroupId, group: Group, change: Callable[[Consumer], Consumer]
+) -> _Changed:
+    changed = group.mapped(change)
+    if changed == group:
+        return group, []
+    return _rebalance(gid, changed)
+
+
+def _remove_connections(
+    state: CoordinatorState, connections: frozenset[str]
+) -> tuple[CoordinatorState, list[Effect]]:
+    """Remove every consumer of ``connections`` (connections down, or a purge)."""
+    effects: list[Effect] = []
+    for gid in sorted(state.groups):
+        group, removed = state.groups[gid].without(lambda c: c.connection in connections)
+        if removed:
+            group, changes = _after_removal(gid, group, any(c.counts_as_active for c in removed))
+            state = _with_group(state, gid, group)
+            effects += changes
+    return state, effects
+
+
+def _with_bookkeeping(
+    before: CoordinatorState,
+    after: CoordinatorState,
+    command: Command,
+    effects: list[Effect],
+) -> list[Effect]:
+    """Add the watches and timer cancels that follow from the change of membership.
+
+    A connection is watched while it has consumers. Its disconnected timer is cancelled
+    when it has no disconnected consumer left, unless that timer is the one firing now.
+    """
+    old, new = before.connections(), after.connections()
+    fired = command.connection if isinstance(command, DisconnectedTimeout) else None
+    settled = before.disconnected_connections() - after.disconnected_connections()
+    return [
+        *(WatchConnection(c) for c in sorted(new - old)),
+        *effects,
+        *(CancelTimer(DisconnectedTimeout(c)) for c in sorted(settled) if c != fired),
+        *(UnwatchConnection(c) for c in sorted(old - new)),
+    ]

@@ -1,0 +1,269 @@
+"""The coordinator's state: groups of consumers, each consumer with a composite status.
+
+Everything here is a frozen record; `machine.apply` builds new ones, nothing assigns. The
+small predicates below (`Consumer.counts_as_active`, `Group.chosen`, ...) are the
+selection rules of RabbitMQ's stream SAC coordinator (shared/reference/rabbitmq-sac.md,
+2.1); the handlers in machine.py only combine them.
+
+Status abbreviations used in comments and tests: the first letter is the connectivity
+(C connected, D disconnected, P presumed down), the second the activity (A active,
+W waiting, D deactivating). CA is the active consumer; CD was told to step down and has
+not answered yet; DA is an active consumer whose connection was lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+__all__ = [
+    "SIMPLE",
+    "Activity",
+    "Connectivity",
+    "Consumer",
+    "CoordinatorSettings",
+    "CoordinatorState",
+    "Group",
+    "GroupId",
+]
+
+SIMPLE = -1
+"""Partition index of a simple group (a plain stream, not a partition of a super stream)."""
+
+
+class Connectivity(enum.Enum):
+    """What the coordinator knows of a consumer's connection."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"  # lost; the disconnected timer runs
+    PRESUMED_DOWN = "presumed_down"  # the timer fired; ignored when choosing an active
+
+
+class Activity(enum.Enum):
+    """A consumer's part in its group."""
+
+    ACTIVE = "active"
+    WAITING = "waiting"
+    DEACTIVATING = "deactivating"  # told to step down, its answer (an activate) not yet in
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GroupId:
+    """Key of a group: a consumer name on a stream (a partition stream for super streams)."""
+
+    namespace: str
+    stream: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"group {self.name!r} on stream {self.stream!r} in namespace {self.namespace!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """One subscription in a group, identified by ``(connection, subscription_id)``.
+
+    Attributes:
+        connection: the connection that registered it; one connection carries many
+            subscriptions, and liveness is tracked per connection.
+        subscription_id: unique within the connection.
+        node: the process (transport node) hosting the connection; node-level events
+            (`NodeReconnected`, `PurgeStaleConnections`) reach every connection on it.
+        owner: a label for listings (the connection's name).
+        connectivity, activity: the composite status.
+        disconnected_at: wall-clock seconds when the connection was last lost; read only
+            while the consumer is disconnected, to re-arm its timer after a restart.
+    """
+
+    connection: str
+    subscription_id: int
+    node: str
+    owner: str = ""
+    connectivity: Connectivity = Connectivity.CONNECTED
+    activity: Activity = Activity.WAITING
+    disconnected_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.connection, self.subscription_id)
+
+    @property
+    def is_connected(self) -> bool:
+        return self.connectivity is Connectivity.CONNECTED
+
+    @property
+    def is_disconnected(self) -> bool:
+        return self.connectivity is Connectivity.DISCONNECTED
+
+    @property
+    def counts_as_active(self) -> bool:
+        """Active or deactivating, and not presumed down (RabbitMQ's ``is_active``).
+
+        A group never has two such consumers. A presumed-down active consumer does not
+        count: its group has chosen another one, and they are reconciled when it returns.
+        """
+        return self.activity is not Activity.WAITING and (
+            self.connectivity is not Connectivity.PRESUMED_DOWN
+        )
+
+    @property
+    def is_disconnected_active(self) -> bool:
+        """A DA: it blocks every rebalancing of its group until it returns or goes."""
+        return self.is_disconnected and self.activity is Activity.ACTIVE
+
+    @property
+    def label(self) -> str:
+        """``"<activity> (<connectivity>)"``, e.g. ``"waiting (presumed down)"``."""
+        return f"{self.activity.value} ({self.connectivity.value.replace('_', ' ')})"
+
+    def with_status(
+        self, connectivity: Connectivity | None = None, activity: Activity | None = None
+    ) -> Consumer:
+        return replace(
+            self,
+            connectivity=self.connectivity if connectivity is None else connectivity,
+            activity=self.activity if activity is None else activity,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The consumers of one group, in registration order, and its partition index.
+
+    ``partition_index`` is `SIMPLE` (-1) for a simple group, or the partition's index
+    (0 and up) in a super stream; it is fixed when the group is created. Order matters: a
+    simple group's active consumer is the first eligible one, a partitioned group's is
+    ``eligible[partition_index % len(eligible)]``.
+    """
+
+    partition_index: int
+    consumers: tuple[Consumer, ...] = ()
+
+    @property
+    def is_partitioned(self) -> bool:
+        return self.partition_index != SIMPLE
+
+    def find(self, connection: str, subscription_id: int) -> Consumer | None:
+        return next((c for c in self.consumers if c.key == (connection, subscription_id)), None)
+
+    def has_connection(self, connection: str) -> bool:
+        return any(c.connection == connection for c in self.consumers)
+
+    def active(self) -> Consumer | None:
+        """The first consumer that counts as active (CA, CD or DA), if any."""
+        return next((c for c in self.consumers if c.counts_as_active), None)
+
+    def disconnected_active(self) -> Consumer | None:
+        return next((c for c in self.consumers if c.is_disconnected_active), None)
+
+    def deactivating(self) -> Consumer | None:
+        return next(
+            (c for c in self.consumers if c.is_connected and c.activity is Activity.DEACTIVATING),
+            None,
+        )
+
+    def eligible(self) -> tuple[Consumer, ...]:
+        """The connected consumers, in order, whatever their activity."""
+        return tuple(c for c in self.consumers if c.is_connected)
+
+    def chosen(self) -> Consumer | None:
+        """The consumer that should be active (RabbitMQ's ``evaluate_active_consumer``).
+
+        A disconnected active consumer is always chosen: it may come back, and telling
+        another consumer to start could make two active ones. Otherwise the first eligible
+        consumer (simple group) or ``eligible[partition_index % len(eligible)]``.
+        """
+        blocking = self.disconnected_active()
+        if blocking is not None:
+            return blocking
+        eligible = self.eligible()
+        if not eligible:
+            return None
+        if not self.is_partitioned:
+            return eligible[0]
+        return eligible[self.partition_index % len(eligible)]
+
+    def updated(self, consumer: Consumer) -> Group:
+        """This group with the consumer of the same key replaced by ``consumer``."""
+        return replace(
+            self,
+            consumers=tuple(consumer if c.key == consumer.key else c for c in self.consumers),
+        )
+
+    def mapped(self, change: Callable[[Consumer], Consumer]) -> Group:
+        return replace(self, consumers=tuple(change(c) for c in self.consumers))
+
+    def without(self, drop: Callable[[Consumer], bool]) -> tuple[Group, tuple[Consumer, ...]]:
+        """This group without the consumers ``drop`` selects, and those consumers."""
+        kept = tuple(c for c in self.consumers if not drop(c))
+        dropped = tuple(c for c in self.consumers if drop(c))
+        return replace(self, consumers=kept), dropped
+
+    def moved_to_front(self, consumer: Consumer) -> Group:
+        rest = tuple(c for c in self.consumers if c.key != consumer.key)
+        return replace(self, consumers=(consumer, *rest))
+
+
+def _require(condition: bool, msg: str) -> None:
+    if not condition:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    """Settings of the coordinator. Durations are seconds.
+
+    Attributes:
+        disconnected_timeout: how long the consumers of a lost connection stay
+            disconnected (still members; a disconnected active consumer blocks its group)
+            before they are presumed down and their groups choose other consumers.
+            Default 60 s (RabbitMQ's ``stream_sac_disconnected_timeout``).
+        recovery_min_delay: after a restart (`Recover`), a re-armed disconnected timer
+            fires no sooner than this, so connections have time to reach the restarted
+            coordinator; capped at ``disconnected_timeout``. Default 10 s.
+    """
+
+    disconnected_timeout: float = 60.0
+    recovery_min_delay: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("disconnected_timeout", "recovery_min_delay"):
+            value = getattr(self, name)
+            _require(
+                math.isfinite(value) and value > 0,
+                f"{name} must be a finite number of seconds above 0, got {value!r}",
+            )
+
+
+def _no_groups() -> Mapping[GroupId, Group]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorState:
+    """Every group (none is empty: a group goes when its last consumer goes) and the
+    settings. ``groups`` is a read-only mapping; `machine.apply` makes new ones."""
+
+    groups: Mapping[GroupId, Group] = field(default_factory=_no_groups)
+    settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+
+    def connections(self) -> frozenset[str]:
+        """Every connection with at least one consumer."""
+        return frozenset(c.connection for g in self.groups.values() for c in g.consumers)
+
+    def group_ids_of(self, connection: str) -> tuple[GroupId, ...]:
+        """The groups where ``connection`` has consumers, sorted.
+
+        Derived from the groups on each call, never kept as a separate index: RabbitMQ's
+        reverse index could drift from the groups (reference 2.9, "possible v8 gap").
+        """
+        return tuple(sorted(gid for gid, g in self.groups.items() if g.has_connection(connection)))
+
+    def disconnected_connections(self) -> frozenset[str]:
+        """Connections with at least one disconnected consumer (their timer runs)."""
+        return frozenset(
+            c.connection for g in self.groups.values() for c in g.consumers if c.is_disconnected
+        )
