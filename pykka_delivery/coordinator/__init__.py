@@ -1,12 +1,32 @@
-"""The single-active-consumer coordinator: a pure state machine (this package's cores).
+"""The single-active-consumer coordinator: a pure state machine and its shell.
 
-`apply(state, command)` returns the new state, a reply and the effects for the shell; see
+The core: `apply(state, command)` returns the new state, a reply and the effects; see
 `machine` for the theory of operation and docs/coordinator.md for the rules and where they
 differ from RabbitMQ's. The command names are the coordinator's own: its
 `RegisterConsumer` adds a consumer to a group, unlike the delivery protocol's
 `pykka_delivery.actors.messages.RegisterConsumer`.
+
+The shell: `CoordinatorActor` runs the machine, carries out its effects (consumer updates
+to connection sinks, timers) and appends every state-changing command to a `CommandLog`
+(`SqliteCommandLog` for one durable file) before carrying out its effects.
 """
 
+from pykka_delivery.coordinator.actor import (
+    DEFAULT_SWEEP_INTERVAL,
+    Attach,
+    ConnectionSink,
+    CoordinatorActor,
+    CoordinatorStats,
+    Detach,
+    Execute,
+    ListGroups,
+)
+from pykka_delivery.coordinator.client import (
+    ConnectionRejected,
+    CoordinatorClient,
+    CoordinatorRefused,
+    CoordinatorUnavailable,
+)
 from pykka_delivery.coordinator.commands import (
     OK,
     ActivateConsumer,
@@ -28,6 +48,10 @@ from pykka_delivery.coordinator.commands import (
     UnregisterConsumer,
     UpdateSettings,
 )
+from pykka_delivery.coordinator.coordinated_consumer import (
+    ActivationInterval,
+    CoordinatedConsumer,
+)
 from pykka_delivery.coordinator.effects import (
     CancelTimer,
     CheckConnection,
@@ -44,6 +68,15 @@ from pykka_delivery.coordinator.queries import (
     list_nodes,
     settings_change,
 )
+from pykka_delivery.coordinator.service import (
+    SERVICE_NAME,
+    CoordinatorServer,
+    CoordinatorServerStats,
+)
+from pykka_delivery.coordinator.service_settings import (
+    CoordinatorClientSettings,
+    CoordinatorServerSettings,
+)
 from pykka_delivery.coordinator.state import (
     SIMPLE,
     Activity,
@@ -54,28 +87,58 @@ from pykka_delivery.coordinator.state import (
     Group,
     GroupId,
 )
+from pykka_delivery.coordinator.store import (
+    DEFAULT_SNAPSHOT_EVERY,
+    CommandLog,
+    CommandLogError,
+    MemoryCommandLog,
+    SqliteCommandLog,
+)
 
 __all__ = [
+    "DEFAULT_SNAPSHOT_EVERY",
+    "DEFAULT_SWEEP_INTERVAL",
     "OK",
+    "SERVICE_NAME",
     "SIMPLE",
     "ActivateConsumer",
+    "ActivationInterval",
     "Activity",
+    "Attach",
     "CancelTimer",
     "CheckConnection",
     "Command",
+    "CommandLog",
+    "CommandLogError",
     "ConnectionDown",
     "ConnectionLost",
     "ConnectionReconnected",
+    "ConnectionRejected",
+    "ConnectionSink",
     "Connectivity",
     "Consumer",
+    "CoordinatedConsumer",
+    "CoordinatorActor",
+    "CoordinatorClient",
+    "CoordinatorClientSettings",
+    "CoordinatorRefused",
+    "CoordinatorServer",
+    "CoordinatorServerSettings",
+    "CoordinatorServerStats",
     "CoordinatorSettings",
     "CoordinatorState",
+    "CoordinatorStats",
+    "CoordinatorUnavailable",
+    "Detach",
     "DisconnectedTimeout",
     "Effect",
     "EvaluateGroup",
+    "Execute",
     "Group",
     "GroupId",
     "GroupInfo",
+    "ListGroups",
+    "MemoryCommandLog",
     "NodeReconnected",
     "Ok",
     "Outcome",
@@ -87,6 +150,7 @@ __all__ = [
     "Registered",
     "Reply",
     "SendConsumerUpdate",
+    "SqliteCommandLog",
     "StartTimer",
     "UnregisterConsumer",
     "UnwatchConnection",

@@ -1,0 +1,422 @@
+"""`CoordinatorActor`: the pykka shell around the coordinator's state machine.
+
+The actor owns the state, applies commands with `machine.apply` and carries out the
+effects (STYLE.md rule 9: it never blocks on another actor):
+
+* `SendConsumerUpdate` goes to the `ConnectionSink` attached for its connection. With none
+  attached it is skipped: on `Attach` the connection is sent the current status of each of
+  its consumers (active: ``active=True``, deactivating: ``active=False``), so an update
+  lost to a race between a send and a reconnect is not lost for good.
+* `StartTimer` / `CancelTimer` are keyed one-shot timers; a firing comes back as a message
+  to the actor, which then applies the timer's `DisconnectedTimeout`.
+* `CheckConnection`: a connection with a sink attached is alive (`ConnectionReconnected`);
+  one without gives no answer, so nothing is applied.
+* `WatchConnection` / `UnwatchConnection` maintain the set of connections that have
+  consumers; the sweep looks at those.
+
+Durability: every command that changed the state is appended to the `CommandLog` before
+its effects are carried out, so a crash after an update was sent never loses the change
+that caused it. Refused commands and commands that leave the state as it was (a stale
+timer, `Recover`, `NodeReconnected`) are not logged: replaying them changes nothing.
+
+Restart: the actor loads the state from its log, applies `UpdateSettings` if the settings
+it was given differ from the stored ones, then `Recover`: connections are watched again,
+disconnected timers re-armed, and the current updates re-sent (to sinks as they attach).
+
+The sweep: every ``sweep_interval`` seconds, connections that have consumers but no sink,
+and have had none for longer than ``settings.disconnected_timeout``, are purged
+(`PurgeStaleConnections`). It is the only way consumers of a client that never comes back
+leave their groups: a lost connection's consumers are presumed down when its timer fires,
+and a connection that was connected when the coordinator stopped and never re-attaches
+after the restart has no timer at all (its active consumers would block their groups).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pykka
+
+from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
+from pykka_delivery.coordinator.commands import (
+    Command,
+    ConnectionDown,
+    ConnectionLost,
+    ConnectionReconnected,
+    DisconnectedTimeout,
+    PurgeStaleConnections,
+    Recover,
+    Refused,
+    Reply,
+)
+from pykka_delivery.coordinator.effects import (
+    CancelTimer,
+    CheckConnection,
+    Effect,
+    SendConsumerUpdate,
+    StartTimer,
+    UnwatchConnection,
+    WatchConnection,
+    activate,
+    step_down,
+)
+from pykka_delivery.coordinator.machine import apply
+from pykka_delivery.coordinator.queries import list_groups, settings_change
+from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
+from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog
+
+__all__ = [
+    "DEFAULT_SWEEP_INTERVAL",
+    "Attach",
+    "ConnectionSink",
+    "CoordinatorActor",
+    "CoordinatorStats",
+    "Detach",
+    "Execute",
+    "ListGroups",
+]
+
+logger = logging.getLogger("pykka_delivery.coordinator")
+
+DEFAULT_SWEEP_INTERVAL = 30.0
+"""Seconds between two stale-connection sweeps (RabbitMQ's coordinator tick)."""
+
+_SWEEP = "sweep"
+_DISCONNECTED = "disconnected:"
+
+
+class ConnectionSink(Protocol):
+    """The coordinator's way to one client connection (the gRPC service implements it)."""
+
+    def send_update(self, update: SendConsumerUpdate) -> None:
+        """Queue ``update`` for the connection. Must not block; called from any thread.
+        An exception makes the coordinator treat the connection as lost."""
+        ...
+
+
+# --- messages --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Apply ``command``. Ask: the machine's `Reply` (`Ok`, `Registered` or `Refused`)."""
+
+    command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """The stream of ``connection`` is open (new or re-opened): updates for it go to
+    ``sink`` from now on, replacing an older sink. Ask: None."""
+
+    connection: str
+    sink: ConnectionSink
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """The stream of ``connection`` through ``sink`` ended. Ignored unless ``sink`` is the
+    connection's current sink. ``lost``: it broke (`ConnectionLost`, the consumers wait for
+    the connection to come back); otherwise the client said goodbye (`ConnectionDown`, its
+    consumers leave). Ask: None."""
+
+    connection: str
+    sink: ConnectionSink
+    lost: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroups:
+    """Ask: every group (of ``namespace``, if given) with its consumers, a tuple of
+    `GroupInfo` sorted by group key."""
+
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """Counters of a `CoordinatorActor` since it started.
+
+    Attributes:
+        commands_applied: commands that changed the state (each one logged).
+        commands_refused: commands the machine refused.
+        updates_sent: consumer updates handed to a sink.
+        updates_skipped: consumer updates for a connection with no sink attached (re-sent
+            when it attaches).
+        sink_failures: sinks whose ``send_update`` raised (their connection became lost).
+        connections_purged: connections removed by the stale-connection sweep.
+    """
+
+    commands_applied: int = 0
+    commands_refused: int = 0
+    updates_sent: int = 0
+    updates_skipped: int = 0
+    sink_failures: int = 0
+    connections_purged: int = 0
+
+
+# --- the actor -------------------------------------------------------------------------------
+
+
+def _quiet_tell(ref: pykka.ActorRef[Any]) -> Callable[[TimerFired], None]:
+    def tell(message: TimerFired) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # the actor stopped: so do its timers
+            ref.tell(message)
+
+    return tell
+
+
+class CoordinatorActor(pykka.ThreadingActor):
+    """Runs the coordinator's state machine, its timers, its log and its sweep.
+
+    Args:
+        log: where the state is kept; default: a `MemoryCommandLog` (no durability). The
+            actor closes it when it stops.
+        settings: the coordinator's settings; default: those stored in ``log`` (the
+            machine's defaults for a new log). Settings that differ from the stored ones
+            are applied (and logged) as `UpdateSettings` at start.
+        clock: wall-clock seconds, for the ``now`` of commands; default `time.time`.
+        timer_service: runs the timers; default: the process-wide one.
+        sweep_interval: seconds between two stale-connection sweeps; default
+            `DEFAULT_SWEEP_INTERVAL` (30 s).
+
+    Raises:
+        CommandLogError: from `start`, when ``log`` cannot be read.
+        ValueError: ``sweep_interval`` is not a finite number above 0.
+    """
+
+    use_daemon_thread = True
+
+    def __init__(
+        self,
+        log: CommandLog | None = None,
+        settings: CoordinatorSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        timer_service: TimerService | None = None,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    ) -> None:
+        super().__init__()
+        if not (math.isfinite(sweep_interval) and sweep_interval > 0):
+            msg = f"sweep_interval must be finite seconds above 0, got {sweep_interval!r}"
+            raise ValueError(msg)
+        self._log: CommandLog = MemoryCommandLog() if log is None else log
+        self._clock = clock
+        self._sweep_interval = sweep_interval
+        self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
+        self._sinks: dict[str, ConnectionSink] = {}
+        self._watched: set[str] = set()
+        self._detached_since: dict[str, float] = {}  # watched connections without a sink
+        self._follow_ups: collections.deque[Command] = collections.deque()
+        self._just_sent: set[SendConsumerUpdate] | None = None  # collected during an Attach
+        self._counters = dict.fromkeys(CoordinatorStats.__dataclass_fields__, 0)
+        # Loaded here, in the caller's thread, so that an unreadable log fails `start`.
+        self._state: CoordinatorState = self._log.load()
+        change = None if settings is None else settings_change(self._state, settings)
+        if change is not None:
+            self._submit(change)
+
+    # --- lifecycle
+
+    def on_start(self) -> None:
+        logger.info(
+            "Coordinator started with %d groups on %d connections",
+            len(self._state.groups),
+            len(self._state.connections()),
+        )
+        self._submit(Recover(now=self._clock()))
+        self._timers.start(_SWEEP, self._sweep_interval)
+
+    def on_stop(self) -> None:
+        self._shut_down()
+        logger.info("Coordinator stopped")
+
+    def on_failure(self, *_exc_info: object) -> None:
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        self._timers.cancel_all()
+        self._log.close()
+
+    # --- messages
+
+    def on_receive(self, message: Any) -> Any:
+        if type(message) is TimerFired:
+            self._on_timer(message)
+            return None
+        if type(message) is Execute:
+            return self._submit(message.command)
+        if type(message) is Attach:
+            self._attach(message.connection, message.sink)
+            return None
+        if type(message) is Detach:
+            self._detach(message)
+            return None
+        if type(message) is ListGroups:
+            return list_groups(self._state, message.namespace)
+        # Logged, not raised: an exception from a `tell` would stop the coordinator.
+        logger.error("Coordinator ignored unexpected message %r", message)
+        return None
+
+    def statistics(self) -> CoordinatorStats:
+        """The counters so far (call through ``proxy()``: answered in the actor's thread)."""
+        return CoordinatorStats(**self._counters)
+
+    def _on_timer(self, fired: TimerFired) -> None:
+        if not self._timers.accept(fired):
+            return  # cancelled or replaced after it fired
+        if fired.key == _SWEEP:
+            self._sweep()
+            return
+        self._timers.cancel(fired.key)  # `Timers` repeat; the machine's timers are one-shot
+        self._submit(DisconnectedTimeout(fired.key.removeprefix(_DISCONNECTED)))
+
+    def _attach(self, connection: str, sink: ConnectionSink) -> None:
+        replaced = self._sinks.get(connection)
+        self._sinks[connection] = sink
+        self._detached_since.pop(connection, None)
+        logger.info(
+            "Connection %r attached%s", connection, " (replacing its sink)" if replaced else ""
+        )
+        self._just_sent = set()
+        if any(
+            c.connection == connection and not c.is_connected
+            for g in self._state.groups.values()
+            for c in g.consumers
+        ):
+            self._submit(ConnectionReconnected(connection))
+        sent, self._just_sent = self._just_sent, None
+        self._send_all(u for u in self._current_updates(connection) if u not in sent)
+        self._drain()  # a sink that failed during the re-send
+
+    def _detach(self, message: Detach) -> None:
+        connection = message.connection
+        if self._sinks.get(connection) is not message.sink:
+            logger.debug("Ignored Detach of %r through a sink no longer current", connection)
+            return
+        logger.info("Connection %r detached (%s)", connection, "lost" if message.lost else "closed")
+        self._lose_sink(connection)
+        if message.lost:
+            self._submit(ConnectionLost(connection, now=self._clock()))
+        else:
+            self._submit(ConnectionDown(connection))
+
+    def _lose_sink(self, connection: str) -> None:
+        del self._sinks[connection]
+        if connection in self._watched:
+            self._detached_since[connection] = self._clock()
+
+    def _current_updates(self, connection: str) -> list[SendConsumerUpdate]:
+        """The update each connected consumer of ``connection`` was last sent."""
+        updates = []
+        for gid in self._state.group_ids_of(connection):
+            for c in self._state.groups[gid].consumers:
+                if c.connection != connection or not c.is_connected:
+                    continue
+                if c.activity is Activity.ACTIVE:
+                    updates.append(activate(gid, c))
+                elif c.activity is Activity.DEACTIVATING:
+                    updates.append(step_down(gid, c))
+        return updates
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        timeout = self._state.settings.disconnected_timeout
+        stale = sorted(
+            c
+            for c in self._watched - self._sinks.keys()
+            if now - self._detached_since.setdefault(c, now) > timeout
+        )
+        if not stale:
+            return
+        logger.info(
+            "Sweep: purging connections %s, without a stream for more than %s s",
+            ", ".join(repr(c) for c in stale),
+            timeout,
+        )
+        self._count(connections_purged=len(stale))
+        self._submit(PurgeStaleConnections(connections=tuple(stale)))
+
+    # --- applying commands
+
+    def _submit(self, command: Command) -> Reply:
+        """Apply ``command`` and carry out its effects, then the commands those effects
+        led to (a failed sink, a connection check), in order."""
+        reply = self._apply(command)
+        self._drain()
+        return reply
+
+    def _drain(self) -> None:
+        while self._follow_ups:
+            self._apply(self._follow_ups.popleft())
+
+    def _apply(self, command: Command) -> Reply:
+        outcome = apply(self._state, command)
+        if isinstance(outcome.reply, Refused):
+            self._count(commands_refused=1)
+            logger.info("Refused %s: %s", type(command).__name__, outcome.reply.message)
+            return outcome.reply
+        if outcome.state != self._state:
+            # Logged before any effect: an update is never sent for a change not stored.
+            self._log.append(command)
+            self._count(commands_applied=1)
+        self._state = outcome.state
+        logger.debug("Applied %r: %r, %d effects", command, outcome.reply, len(outcome.effects))
+        self._run(outcome.effects)
+        return outcome.reply
+
+    def _run(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if type(effect) is SendConsumerUpdate:
+                self._send_all([effect])
+            elif type(effect) is StartTimer:
+                self._timers.start(_DISCONNECTED + effect.key.connection, effect.delay)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(_DISCONNECTED + effect.key.connection)
+            elif type(effect) is CheckConnection:
+                if effect.connection in self._sinks:
+                    self._follow_ups.append(ConnectionReconnected(effect.connection))
+            elif type(effect) is WatchConnection:
+                self._watched.add(effect.connection)
+                if effect.connection not in self._sinks:
+                    self._detached_since.setdefault(effect.connection, self._clock())
+            elif type(effect) is UnwatchConnection:
+                self._watched.discard(effect.connection)
+                self._detached_since.pop(effect.connection, None)
+
+    def _send_all(self, updates: Iterable[SendConsumerUpdate]) -> None:
+        for update in updates:
+            sink = self._sinks.get(update.connection)
+            if sink is None:
+                self._count(updates_skipped=1)
+                logger.debug(
+                    "No sink for %r: %r skipped until it attaches", update.connection, update
+                )
+                continue
+            try:
+                sink.send_update(update)
+            except Exception:
+                self._count(sink_failures=1)
+                logger.warning(
+                    "Sink of connection %r failed on %r: treating the connection as lost",
+                    update.connection,
+                    update,
+                    exc_info=True,
+                )
+                self._lose_sink(update.connection)
+                self._follow_ups.append(ConnectionLost(update.connection, now=self._clock()))
+                continue
+            self._count(updates_sent=1)
+            if self._just_sent is not None:
+                self._just_sent.add(update)
+
+    def _count(self, **increments: int) -> None:
+        for name, increment in increments.items():
+            self._counters[name] += increment

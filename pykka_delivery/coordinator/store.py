@@ -1,0 +1,413 @@
+"""Durability of the coordinator: its state as a log of commands, with snapshots.
+
+The coordinator actor appends every command that changed its state, before it carries out
+the command's effects, and a restarted coordinator loads the state back: the latest
+snapshot, then the commands appended after it, replayed with `machine.replay`. Effects
+are never stored; `Recover` re-issues what the shell keeps outside the state.
+
+Compaction: after ``snapshot_every`` appended commands the log writes a snapshot of the
+state they lead to and deletes the commands it covers, in one transaction, so loading
+costs at most one snapshot and ``snapshot_every`` commands.
+
+`SqliteCommandLog` keeps all of it in one SQLite file (stdlib `sqlite3`, WAL mode).
+Encoding is JSON: a command is its class name (``kind``) and its dataclass fields
+(``body``); enums are stored by value, tuples as lists, nested dataclasses as objects.
+Decoding follows the field annotations, so a field added later with a default reads old
+rows. An unknown kind or a body that does not fit its class is refused with a
+`CommandLogError` naming the file and the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import os
+import sqlite3
+import threading
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from pykka_delivery.coordinator.commands import Command
+from pykka_delivery.coordinator.machine import initial_state, replay
+from pykka_delivery.coordinator.state import CoordinatorSettings, CoordinatorState, Group, GroupId
+from pykka_delivery.errors import ClosedError, DeliveryError
+
+__all__ = [
+    "DEFAULT_SNAPSHOT_EVERY",
+    "CommandLog",
+    "CommandLogError",
+    "MemoryCommandLog",
+    "SqliteCommandLog",
+    "decode_command",
+    "encode_command",
+]
+
+DEFAULT_SNAPSHOT_EVERY = 1000
+"""Default number of appended commands after which a log writes a snapshot."""
+
+_SCHEMA_VERSION = 1
+_SNAPSHOT_FORMAT = 1
+_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+
+
+class CommandLogError(DeliveryError):
+    """A coordinator store cannot be read: an unknown command kind, a malformed row or
+    snapshot, or a file written by a newer version."""
+
+
+class CommandLog(Protocol):
+    """Where the coordinator keeps its state: a snapshot plus the commands after it."""
+
+    def load(self) -> CoordinatorState:
+        """The state the stored snapshot and commands lead to (the initial state of an
+        empty log). Raises `CommandLogError` if the store cannot be read."""
+        ...
+
+    def append(self, command: Command) -> None:
+        """Store ``command`` durably, after the ones before it."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; appending afterwards raises `ClosedError`."""
+        ...
+
+
+def _check_snapshot_every(snapshot_every: int) -> None:
+    if snapshot_every < 1:
+        msg = f"snapshot_every must be 1 or more commands, got {snapshot_every!r}"
+        raise ValueError(msg)
+
+
+# --- the in-memory log --------------------------------------------------------------------
+
+
+class MemoryCommandLog:
+    """A `CommandLog` in memory: for tests, and for a coordinator without durability.
+
+    Args:
+        snapshot_every: after this many appended commands, replace them by the state
+            they lead to (bounded memory). Default `DEFAULT_SNAPSHOT_EVERY`.
+
+    Attributes:
+        commands: the commands appended since the last snapshot, in order.
+    """
+
+    def __init__(self, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> None:
+        _check_snapshot_every(snapshot_every)
+        self._snapshot_every = snapshot_every
+        self._snapshot = initial_state()
+        self.commands: list[Command] = []
+        self._closed = False
+
+    def load(self) -> CoordinatorState:
+        return replay(self.commands, self._snapshot)
+
+    def append(self, command: Command) -> None:
+        if self._closed:
+            msg = "this MemoryCommandLog was closed; create a new one"
+            raise ClosedError(msg)
+        self.commands.append(command)
+        if len(self.commands) >= self._snapshot_every:
+            self._snapshot = self.load()
+            self.commands.clear()
+
+    def close(self) -> None:
+        self._closed = True
+
+
+# --- the SQLite log ---------------------------------------------------------------------------
+
+# AUTOINCREMENT: a plain INTEGER PRIMARY KEY reuses seq 1 once compaction emptied the
+# table, and those rows would then sort below the snapshot that covers older ones.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
+
+class SqliteCommandLog:
+    """A `CommandLog` in one SQLite file (created if missing), in WAL mode.
+
+    Each `append` is its own transaction, committed before it returns. With the default
+    ``synchronous="NORMAL"`` (SQLite's recommended setting for WAL) a committed command
+    survives a crash of the process; a power loss or OS crash may lose the last commits
+    since the last WAL checkpoint, never corrupt the file. ``"FULL"`` fsyncs each commit
+    (survives power loss, slower).
+
+    Args:
+        path: the database file.
+        snapshot_every: after this many appended commands, write a snapshot and delete the
+            commands it covers. Default `DEFAULT_SNAPSHOT_EVERY` (1000).
+        synchronous: SQLite's ``PRAGMA synchronous``: ``"NORMAL"`` (default), ``"FULL"``
+            or ``"EXTRA"``.
+
+    Raises:
+        CommandLogError: the file was written by a newer schema version.
+        ValueError: a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        _check_snapshot_every(snapshot_every)
+        if synchronous.upper() not in _SYNCHRONOUS:
+            msg = f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
+            raise ValueError(msg)
+        self.path = Path(path)
+        self._snapshot_every = snapshot_every
+        self._lock = threading.Lock()
+        # One owner at a time (the coordinator actor, which may be created in another
+        # thread than the one that runs it): the lock serializes, so the thread check goes.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self._open(conn, synchronous.upper())
+        except BaseException:
+            conn.close()
+            raise
+        self._conn: sqlite3.Connection | None = conn
+        self._since_snapshot = self._count_log_rows(conn)
+
+    def __repr__(self) -> str:
+        return f"SqliteCommandLog({str(self.path)!r})"
+
+    def _open(self, conn: sqlite3.Connection, synchronous: str) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > _SCHEMA_VERSION:
+            msg = (
+                f"coordinator store {self.path}: schema version {version}, this version of "
+                f"pykka-delivery reads up to {_SCHEMA_VERSION}. Open it with the newer "
+                f"version that wrote it."
+            )
+            raise CommandLogError(msg)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+
+    @staticmethod
+    def _count_log_rows(conn: sqlite3.Connection) -> int:
+        count: int = conn.execute("SELECT COUNT(*) FROM log").fetchone()[0]
+        return count
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            msg = f"{self!r} was closed; open the file again with a new SqliteCommandLog"
+            raise ClosedError(msg)
+        return self._conn
+
+    def load(self) -> CoordinatorState:
+        with self._lock:
+            conn = self._connection()
+            with conn:  # one read transaction: the snapshot and the rows after it agree
+                conn.execute("BEGIN")
+                return self._load(conn)[0]
+
+    def append(self, command: Command) -> None:
+        kind, body = encode_command(command)
+        with self._lock:
+            conn = self._connection()
+            with conn:  # one transaction, committed on exit
+                conn.execute("BEGIN")
+                conn.execute("INSERT INTO log (kind, body) VALUES (?, ?)", (kind, body))
+            self._since_snapshot += 1
+            if self._since_snapshot >= self._snapshot_every:
+                self._compact(conn)
+
+    def compact(self) -> None:
+        """Write a snapshot of the stored state now and delete the commands it covers."""
+        with self._lock:
+            self._compact(self._connection())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _compact(self, conn: sqlite3.Connection) -> None:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            state, last_seq = self._load(conn)
+            body = json.dumps(encode_state(state), allow_nan=False, separators=(",", ":"))
+            conn.execute(
+                "INSERT OR REPLACE INTO snapshot (id, seq, body) VALUES (1, ?, ?)",
+                (last_seq, body),
+            )
+            conn.execute("DELETE FROM log WHERE seq <= ?", (last_seq,))
+        self._since_snapshot = 0
+
+    def _load(self, conn: sqlite3.Connection) -> tuple[CoordinatorState, int]:
+        """The stored state and the seq of the last command it includes."""
+        row = conn.execute("SELECT seq, body FROM snapshot WHERE id = 1").fetchone()
+        if row is None:
+            state, last_seq = initial_state(), 0
+        else:
+            last_seq = row[0]
+            try:
+                state = decode_state(json.loads(row[1]))
+            except (ValueError, TypeError, KeyError) as error:
+                msg = (
+                    f"coordinator store {self.path}: unreadable snapshot (seq {last_seq}): {error}"
+                )
+                raise CommandLogError(msg) from error
+        commands: list[Command] = []
+        for seq, kind, body in conn.execute(
+            "SELECT seq, kind, body FROM log WHERE seq > ? ORDER BY seq", (last_seq,)
+        ):
+            try:
+                commands.append(decode_command(kind, body))
+            except CommandLogError as error:
+                msg = f"coordinator store {self.path}, log row seq={seq}: {error}"
+                raise CommandLogError(msg) from error
+            last_seq = seq
+        return replay(commands, state), last_seq
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _command_classes() -> Mapping[str, type[Any]]:
+    return {cls.__name__: cls for cls in typing.get_args(Command)}
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def encode_command(command: Command) -> tuple[str, str]:
+    """``(kind, body)``: the command's class name and its fields as JSON."""
+    if type(command).__name__ not in _command_classes():
+        msg = f"cannot store {command!r}: not a coordinator command"
+        raise TypeError(msg)
+    body = json.dumps(_to_json(command), allow_nan=False, separators=(",", ":"))
+    return type(command).__name__, body
+
+
+def decode_command(kind: str, body: str) -> Command:
+    """The command `encode_command` gave ``(kind, body)`` for.
+
+    Raises:
+        CommandLogError: ``kind`` names no command, or ``body`` does not fit it.
+    """
+    cls = _command_classes().get(kind)
+    if cls is None:
+        known = ", ".join(sorted(_command_classes()))
+        msg = (
+            f"unknown command kind {kind!r} (this version knows {known}); the store was "
+            f"written by another version of pykka-delivery: open it with that version"
+        )
+        raise CommandLogError(msg)
+    try:
+        command: Command = _from_json(json.loads(body), cls)
+    except (ValueError, TypeError, KeyError) as error:
+        msg = f"malformed {kind} body {body!r}: {error}"
+        raise CommandLogError(msg) from error
+    return command
+
+
+def encode_state(state: CoordinatorState) -> dict[str, Any]:
+    """A JSON-able snapshot of ``state``."""
+    return {
+        "format": _SNAPSHOT_FORMAT,
+        "settings": _to_json(state.settings),
+        "groups": [
+            {"group": _to_json(gid), "value": _to_json(group)}
+            for gid, group in sorted(state.groups.items())
+        ],
+    }
+
+
+def decode_state(data: dict[str, Any]) -> CoordinatorState:
+    """The state `encode_state` gave ``data`` for."""
+    if data.get("format") != _SNAPSHOT_FORMAT:
+        msg = f"snapshot format {data.get('format')!r}, expected {_SNAPSHOT_FORMAT}"
+        raise ValueError(msg)
+    groups = {
+        _from_json(item["group"], GroupId): _from_json(item["value"], Group)
+        for item in data["groups"]
+    }
+    return CoordinatorState(
+        groups=types.MappingProxyType(groups),
+        settings=_from_json(data["settings"], CoordinatorSettings),
+    )
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, str | int | float):
+        return value
+    msg = f"cannot encode {type(value).__name__} value {value!r}"
+    raise TypeError(msg)
+
+
+def _from_json(value: Any, hint: Any) -> Any:
+    """``value`` read back as the annotated type ``hint``."""
+    if typing.get_origin(hint) is tuple:
+        items = typing.get_args(hint)
+        _expect(value, list, hint)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_from_json(v, items[0]) for v in value)
+        if len(items) != len(value):
+            msg = f"expected {len(items)} items for {hint}, got {value!r}"
+            raise ValueError(msg)
+        return tuple(_from_json(v, h) for v, h in zip(value, items, strict=True))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _dataclass_from_json(value, hint)
+    if hint is float:
+        _expect(value, int | float, hint)
+        return float(value)
+    if hint in (str, int, bool):
+        _expect(value, hint, hint)
+        return value
+    msg = f"cannot decode a value of type {hint}"
+    raise TypeError(msg)
+
+
+def _dataclass_from_json(value: Any, cls: type[Any]) -> Any:
+    _expect(value, dict, cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        msg = f"{cls.__name__} has no field {', '.join(unknown)}"
+        raise ValueError(msg)
+    hints = _hints(cls)
+    return cls(**{name: _from_json(v, hints[name]) for name, v in value.items()})
+
+
+def _expect(value: Any, kind: Any, hint: Any) -> None:
+    # bool is an int in Python; a stored true/false never stands for a number.
+    if not isinstance(value, kind) or (isinstance(value, bool) and hint is not bool):
+        name = getattr(hint, "__name__", str(hint))
+        msg = f"expected {name}, got {value!r}"
+        raise ValueError(msg)
