@@ -136,17 +136,32 @@ class UnregisterConsumer(_GroupCommand):
 class ActivateConsumer(_GroupCommand):
     """A consumer told to step down has finished: choose the group's active consumer.
 
-    Names the group, not the consumer, as in RabbitMQ: a connection that no longer has the
-    subscription can still answer. Also an operator's last-resort unblock. Replies `Ok`,
-    or `Refused` (``GROUP_NOT_FOUND``).
+    ``connection`` and ``subscription_id`` name the consumer that answers (our clients
+    always do): an answer from any consumer but the one whose step-down is pending is a
+    late one and changes nothing, so the consumer still finishing is never joined by the
+    next one. Left empty, the command names only the group, as in RabbitMQ: any pending
+    step-down counts as answered (an operator's last-resort unblock). Replies `Ok`, or
+    `Refused` (``GROUP_NOT_FOUND``).
     """
 
     namespace: str
     stream: str
     name: str
+    connection: str = ""
+    subscription_id: int = -1
 
     def __post_init__(self) -> None:
         _check_names(self, "namespace", "stream", "name")
+        _require(
+            isinstance(self.connection, str) and isinstance(self.subscription_id, int),
+            "ActivateConsumer.connection must be a string and subscription_id an int",
+        )
+        _require(
+            (self.connection == "") == (self.subscription_id == -1),
+            "ActivateConsumer: give connection and subscription_id together (the answering "
+            f"consumer), or neither (an operator's unblock); got {self.connection!r}, "
+            f"{self.subscription_id!r}",
+        )
 
 
 @dataclass(frozen=True, slots=True)

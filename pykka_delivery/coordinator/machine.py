@@ -252,11 +252,18 @@ def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
     if group.disconnected_active() is not None:
         # Blocked: the disconnected active consumer may come back (reference 2.4).
         return state, OK, []
-    if group.deactivating() is None:
+    pending = group.deactivating()
+    if pending is None:
         # No step-down pending: a late or repeated answer, or an operator's unblock.
         # Re-checking the rule never switches actives without a step-down.
         group, effects = _rebalance(gid, group)
         return _with_group(state, gid, group), OK, effects
+    if command.connection and (pending.connection, pending.subscription_id) != (
+        command.connection,
+        command.subscription_id,
+    ):
+        # D11: the answer of an earlier step-down; the pending one is still finishing.
+        return state, OK, []
     # The step-down was answered: every connected consumer waits, the chosen one becomes
     # active and is told so, even when it is the one that just stepped down (#16975).
     group = group.mapped(lambda c: c.with_status(activity=_WAITING) if c.is_connected else c)

@@ -221,6 +221,12 @@ class _Peer:
                 continue
             if settings.linger:
                 await asyncio.sleep(settings.linger)
+            elif outbox and type(outbox[-1][1]) not in PROMPT and len(outbox) < settings.max_batch:
+                # Woken for data: an application thread may be in the middle of a burst
+                # (waking us released its GIL for a moment). Give the GIL back once so the
+                # burst fills this frame instead of the next; it yields to us again after
+                # yield_after at the latest.
+                time.sleep(0)
             # Consecutive SequencedMessages of one producer share one envelope (a run).
             builder = FrameBuilder(codec)
             while outbox and builder.messages < settings.max_batch:

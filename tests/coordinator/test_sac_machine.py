@@ -1572,3 +1572,30 @@ def test_list_groups_lists_groups_by_key_with_status_labels() -> None:
         "active (connected)",
     ]
     assert [g.group for g in list_groups(s)] == [G0, G1, other]
+
+
+# --- D11: an answer names the consumer that answers -------------------------------------------
+
+
+def answer(connection: str, sub: int = 0, gid: GroupId = GID) -> ActivateConsumer:
+    return ActivateConsumer(gid.namespace, gid.stream, gid.name, connection, sub)
+
+
+def test_late_answer_of_another_consumer_leaves_the_pending_step_down_pending() -> None:
+    s = state({GID: grp("p/0 CD", "q/0 CW", index=1)})
+    s2, reply, effects = apply(s, answer("q", 0))  # q was never told to step down
+    assert (s2, reply, effects) == (s, OK, [])
+    s3, effects = run(s, answer("p", 0))  # the pending one answers: hand over
+    assert view(s3) == {GID: ["p/0 CW", "q/0 CA"]}
+    assert effects == [act("q", 0)]
+
+
+def test_anonymous_answer_still_counts_for_the_pending_step_down() -> None:
+    s, effects = run(state({GID: grp("p/0 CD", "q/0 CW", index=1)}), activate())
+    assert view(s) == {GID: ["p/0 CW", "q/0 CA"]}
+    assert effects == [act("q", 0)]
+
+
+def test_activate_names_both_connection_and_subscription_or_neither() -> None:
+    with pytest.raises(ValueError, match="together"):
+        ActivateConsumer("/", "s", "g", "p")

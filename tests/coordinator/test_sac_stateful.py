@@ -102,8 +102,11 @@ def register(gid: GroupId, connection: str, sub: int, index: int) -> RegisterCon
     )
 
 
-def activate(gid: GroupId) -> ActivateConsumer:
-    return ActivateConsumer(gid.namespace, gid.stream, gid.name)
+def activate(gid: GroupId, member: Member | None = None) -> ActivateConsumer:
+    """The answer of ``member`` (group, connection, subscription), or an anonymous one."""
+    if member is None:
+        return ActivateConsumer(gid.namespace, gid.stream, gid.name)
+    return ActivateConsumer(gid.namespace, gid.stream, gid.name, member[1], member[2])
 
 
 def members_of(state: CoordinatorState) -> set[Member]:
@@ -129,7 +132,7 @@ def answer_step_downs(state: CoordinatorState, pending: set[Member]) -> Coordina
             return state
         gid = answering[0][0]
         pending.discard(answering[0])
-        outcome = apply(state, activate(gid))
+        outcome = apply(state, activate(gid, answering[0]))
         state = outcome.state
         for e in outcome.effects:
             if isinstance(e, SendConsumerUpdate) and not e.active:
@@ -255,7 +258,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         gid, connection, sub = member = data.draw(st.sampled_from(sorted(self.members)))
         if member in self.pending:
             self.pending.discard(member)
-            self.apply(activate(gid))
+            self.apply(activate(gid, member))
         self.unregister(gid, connection, sub)
 
     @precondition(lambda self: self.pending)
@@ -263,7 +266,23 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def answer_a_step_down(self, data: st.DataObject) -> None:
         member = data.draw(st.sampled_from(sorted(self.pending)))
         self.pending.discard(member)
-        self.apply(activate(member[0]))
+        self.apply(activate(member[0], member))
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def late_answer(self, data: st.DataObject) -> None:
+        """An answer from a consumer that has no step-down pending changes nothing while
+        another consumer's step-down is pending."""
+        member = data.draw(st.sampled_from(sorted(self.members)))
+        gid = member[0]
+        group = self.state.groups.get(gid)
+        pending = group.deactivating() if group is not None else None
+        before = self.state
+        if pending is not None and (pending.connection, pending.subscription_id) == member[1:]:
+            self.pending.discard(member)  # not late after all: it answers its step-down
+        self.apply(activate(gid, member))
+        if pending is not None and (pending.connection, pending.subscription_id) != member[1:]:
+            assert self.state == before
 
     @rule(data=st.data())
     def stray_activate(self, data: st.DataObject) -> None:
