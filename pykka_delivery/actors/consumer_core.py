@@ -84,6 +84,15 @@ class ConsumerPhase(enum.Enum):
     STOPPED = "stopped"
 
 
+# The phases as module globals: an enum member lookup costs ~65 ns in Python 3.11,
+# a global ~8 ns, and the hot paths compare phases on every message.
+_WAITING_FOR_START = ConsumerPhase.WAITING_FOR_START
+_ACTIVE = ConsumerPhase.ACTIVE
+_RESENDING = ConsumerPhase.RESENDING
+_WAITING_FOR_CONFIRMATION = ConsumerPhase.WAITING_FOR_CONFIRMATION
+_STOPPED = ConsumerPhase.STOPPED
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerSnapshot:
     """A frozen view of a consumer core's state (seq_nrs only, no payloads)."""
@@ -146,6 +155,7 @@ class ConsumerCore:
         "_duplicates",
         "_gaps",
         "_half",
+        "_min_interval",
         "_handlers",
         "_heard",
         "_retries",
@@ -190,8 +200,9 @@ class ConsumerCore:
         self.serialization = serialization or default_serialization
         self.window = settings.flow_control_window
         self._half = max(1, self.window // 2)
+        self._min_interval = settings.resend_interval_min
         self.resend_lost = not settings.only_flow_control
-        self.phase = ConsumerPhase.WAITING_FOR_START
+        self.phase = _WAITING_FOR_START
         self.consumer: Ref | None = None
         self.producer_controller: Ref | None = None
         self.producer_id = "n/a"
@@ -244,7 +255,7 @@ class ConsumerCore:
 
     @property
     def is_stopped(self) -> bool:
-        return self.phase is ConsumerPhase.STOPPED
+        return self.phase is _STOPPED
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -271,11 +282,11 @@ class ConsumerCore:
     def on_start(self, deliver_to: Ref) -> list[Effect]:
         """The consumer registers (`ConsumerStart`), perhaps replacing an earlier one."""
         phase = self.phase
-        if phase is ConsumerPhase.STOPPED:
+        if phase is _STOPPED:
             return []
-        if phase is ConsumerPhase.WAITING_FOR_START:
+        if phase is _WAITING_FOR_START:
             self.consumer = deliver_to
-            self.phase = ConsumerPhase.ACTIVE
+            self.phase = _ACTIVE
             logger.debug("Received Start, unstashing %d messages", len(self.stash))
             effects: list[Effect] = []
             self._restart_retry(effects)
@@ -284,7 +295,7 @@ class ConsumerCore:
         if deliver_to == self.consumer:
             return []
         self.consumer = deliver_to
-        if phase is ConsumerPhase.WAITING_FOR_CONFIRMATION:
+        if phase is _WAITING_FOR_CONFIRMATION:
             assert self.current is not None
             return [Send(deliver_to, self._delivery(self.current))]  # the new consumer gets it
         return []
@@ -294,18 +305,18 @@ class ConsumerCore:
         phase = self.phase
         effects: list[Effect] = []
         self._heard = True
-        if phase is ConsumerPhase.ACTIVE:
+        if phase is _ACTIVE:
             if self._retry_interval != self.settings.resend_interval_min:
                 self._restart_retry(effects)  # Akka's retryTimer.reset()
             self._active(msg, effects)
             if self.stash or self.stopping:
                 self._unstash(effects)
-        elif phase is ConsumerPhase.WAITING_FOR_CONFIRMATION:
+        elif phase is _WAITING_FOR_CONFIRMATION:
             self._stash_while_waiting(msg)
-        elif phase is ConsumerPhase.RESENDING:
+        elif phase is _RESENDING:
             self._resending(msg, effects)
             self._unstash(effects)
-        elif phase is ConsumerPhase.WAITING_FOR_START:
+        elif phase is _WAITING_FOR_START:
             if len(self.stash) >= self.window:
                 self._dropped += 1
                 logger.debug(
@@ -327,14 +338,14 @@ class ConsumerCore:
         """
         seq_nr = msg.seq_nr
         if (
-            self.phase is not ConsumerPhase.ACTIVE
+            self.phase is not _ACTIVE
             or seq_nr != self.received_seq_nr + 1
             or seq_nr == 1  # received_seq_nr 0: a new session, see _changed_producer
             or msg.producer_controller is not self.producer_controller
             or self.registering is not None
             or self.stash
             or self.stopping
-            or self._retry_interval != self.settings.resend_interval_min
+            or self._retry_interval != self._min_interval
             or type(msg.message) is ChunkedMessage
             or self.consumer is None
         ):
@@ -342,7 +353,7 @@ class ConsumerCore:
         self._heard = True
         self.received_seq_nr = seq_nr
         self.current = msg
-        self.phase = ConsumerPhase.WAITING_FOR_CONFIRMATION
+        self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
         return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr)
 
@@ -353,7 +364,7 @@ class ConsumerCore:
             LocalProtocolError: no delivery is awaiting confirmation.
         """
         current = self.current
-        if self.phase is not ConsumerPhase.WAITING_FOR_CONFIRMATION or current is None:
+        if self.phase is not _WAITING_FOR_CONFIRMATION or current is None:
             msg = (
                 f"Confirmed received with no delivery awaiting confirmation "
                 f"(phase {self.phase.value}, last confirmed seq_nr {self.confirmed_seq_nr}): "
@@ -384,7 +395,7 @@ class ConsumerCore:
             logger.debug("Stopped at seq_nr %d after delivering buffered messages", seq_nr)
             self._stop(effects)
             return effects
-        self.phase = ConsumerPhase.ACTIVE
+        self.phase = _ACTIVE
         if self.stash:
             self._unstash(effects)
         return effects
@@ -392,9 +403,9 @@ class ConsumerCore:
     def on_register_to(self, producer_controller: Ref) -> list[Effect]:
         """Connect to (another) producer controller from the consumer side."""
         phase = self.phase
-        if phase is ConsumerPhase.STOPPED:
+        if phase is _STOPPED:
             return []
-        if phase is ConsumerPhase.WAITING_FOR_START:
+        if phase is _WAITING_FOR_START:
             self.registering = producer_controller
             return [Send(producer_controller, RegisterConsumer(self.self_ref))]
         if producer_controller == self.producer_controller:
@@ -404,18 +415,18 @@ class ConsumerCore:
         self._restart_retry(effects)
         effects.append(Send(producer_controller, RegisterConsumer(self.self_ref)))
         self.registering = producer_controller
-        if phase is ConsumerPhase.RESENDING:
-            self.phase = ConsumerPhase.ACTIVE  # as in the original
+        if phase is _RESENDING:
+            self.phase = _ACTIVE  # as in the original
         return effects
 
     def on_deliver_then_stop(self) -> list[Effect]:
         """Stop once every received and stashed message is delivered and confirmed."""
         phase = self.phase
-        if phase is ConsumerPhase.STOPPED:
+        if phase is _STOPPED:
             return []
-        if phase is ConsumerPhase.WAITING_FOR_START:
+        if phase is _WAITING_FOR_START:
             if not self.stash:
-                self.phase = ConsumerPhase.STOPPED
+                self.phase = _STOPPED
                 return [Stop()]
             self.stopping = True
             return []
@@ -429,7 +440,7 @@ class ConsumerCore:
 
     def on_consumer_terminated(self) -> list[Effect]:
         """The consumer is gone: the controller stops too."""
-        if self.phase is ConsumerPhase.STOPPED:
+        if self.phase is _STOPPED:
             return []
         effects: list[Effect] = []
         self._stop(effects)
@@ -438,9 +449,9 @@ class ConsumerCore:
     def on_stopped(self) -> list[Effect]:
         """The controller is being stopped from outside: best-effort `Ack` of what is
         confirmed, so the producer side can drop it."""
-        if self.phase is ConsumerPhase.STOPPED:
+        if self.phase is _STOPPED:
             return []
-        self.phase = ConsumerPhase.STOPPED
+        self.phase = _STOPPED
         if self.producer_controller is None:
             return []
         return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
@@ -450,7 +461,7 @@ class ConsumerCore:
         registering to) lives there, retry now rather than at the next timer tick, since
         whatever was in flight when the link broke is lost."""
         phase = self.phase
-        if not event.up or phase not in (ConsumerPhase.ACTIVE, ConsumerPhase.RESENDING):
+        if not event.up or phase not in (_ACTIVE, _RESENDING):
             return []
         peer_ref = self.registering if self.registering is not None else self.producer_controller
         if getattr(peer_ref, "node_address", None) != event.peer:
@@ -466,13 +477,13 @@ class ConsumerCore:
             return []
         phase = self.phase
         effects: list[Effect] = []
-        if phase is ConsumerPhase.WAITING_FOR_START:
+        if phase is _WAITING_FOR_START:
             if self.registering is not None:
                 effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
             return effects
-        if phase not in (ConsumerPhase.ACTIVE, ConsumerPhase.RESENDING):
+        if phase not in (_ACTIVE, _RESENDING):
             return effects  # no retries while a delivery awaits confirmation
-        if phase is ConsumerPhase.ACTIVE and self._heard and self.registering is None:
+        if phase is _ACTIVE and self._heard and self.registering is None:
             # P6: messages are flowing, nothing to retry (Akka retries on every tick).
             self._heard = False
             return effects
@@ -490,7 +501,7 @@ class ConsumerCore:
         phase = self.phase
         if self.registering is not None:
             effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
-        elif phase is ConsumerPhase.ACTIVE:
+        elif phase is _ACTIVE:
             self._retry_request(effects)
         else:
             assert self.producer_controller is not None
@@ -647,14 +658,14 @@ class ConsumerCore:
                 msg.producer_controller,
             )
         self.current = msg
-        self.phase = ConsumerPhase.WAITING_FOR_CONFIRMATION
+        self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
         assert self.consumer is not None
         effects.append(Send(self.consumer, self._delivery(msg)))
 
     def _collecting(self, msg: SequencedMessage, effects: list[Effect]) -> None:
         """A chunk was taken without a delivery: keep the window moving meanwhile."""
-        self.phase = ConsumerPhase.ACTIVE  # also ends RESENDING: the gap is filled
+        self.phase = _ACTIVE  # also ends RESENDING: the gap is filled
         if self.requested_seq_nr - msg.seq_nr <= self._half:
             self.requested_seq_nr = max(self.requested_seq_nr, msg.seq_nr) + self._half
             assert self.producer_controller is not None
@@ -672,11 +683,11 @@ class ConsumerCore:
     def _unstash(self, effects: list[Effect]) -> None:
         """Feed stashed messages back, one at a time, until one is delivered."""
         stash = self.stash
-        while stash and self.phase is ConsumerPhase.ACTIVE:
+        while stash and self.phase is _ACTIVE:
             self._active(stash.popleft(), effects)
         if (
             self.stopping
-            and self.phase is ConsumerPhase.ACTIVE
+            and self.phase is _ACTIVE
             and not stash
             and self.received_seq_nr == self.confirmed_seq_nr
         ):
@@ -685,7 +696,7 @@ class ConsumerCore:
     def _enter_resending(self, effects: list[Effect]) -> None:
         self._dropped += len(self.stash)
         self.stash.clear()
-        self.phase = ConsumerPhase.RESENDING
+        self.phase = _RESENDING
         self._restart_retry(effects)
 
     def _retry_request(self, effects: list[Effect]) -> None:
@@ -710,5 +721,5 @@ class ConsumerCore:
     def _stop(self, effects: list[Effect]) -> None:
         if self.producer_controller is not None:
             effects.append(Send(self.producer_controller, Ack(self.confirmed_seq_nr)))
-        self.phase = ConsumerPhase.STOPPED
+        self.phase = _STOPPED
         effects.append(Stop())

@@ -73,6 +73,12 @@ class ProducerPhase(enum.Enum):
     ACTIVE = "active"
 
 
+# The phases as module globals: an enum member lookup costs ~65 ns in Python 3.11,
+# a global ~8 ns, and the hot paths compare phases on every message.
+_WAITING_FOR_INITIALIZATION = ProducerPhase.WAITING_FOR_INITIALIZATION
+_ACTIVE = ProducerPhase.ACTIVE
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerSnapshot:
     """A frozen view of a producer core's state (seq_nrs only, no payloads)."""
@@ -172,7 +178,7 @@ class ProducerCore:
         self.settings = settings or ProducerControllerSettings()
         self.serialization = serialization or default_serialization
         self._chunk_size = self.settings.chunk_large_messages
-        self.phase = ProducerPhase.WAITING_FOR_INITIALIZATION
+        self.phase = _WAITING_FOR_INITIALIZATION
         self.producer: Ref | None = None
         self.consumer: Ref | None = None
         # The state of Akka's empty durable queue: next seq_nr 1, nothing confirmed.
@@ -208,7 +214,7 @@ class ProducerCore:
             self.requested
             and self.current_seq_nr <= self.requested_seq_nr
             and not self.remaining_chunks
-            and self.phase is ProducerPhase.ACTIVE
+            and self.phase is _ACTIVE
         )
 
     @property
@@ -268,7 +274,7 @@ class ProducerCore:
     def on_start(self, producer: Ref) -> list[Effect]:
         """A producer registers (`ProducerStart`), perhaps replacing an earlier one."""
         self.producer = producer
-        if self.phase is ProducerPhase.WAITING_FOR_INITIALIZATION:
+        if self.phase is _WAITING_FOR_INITIALIZATION:
             return self._become_active_if_ready()
         logger.debug(
             "Register new producer for %r, current_seq_nr %d", self.producer_id, self.current_seq_nr
@@ -280,7 +286,7 @@ class ProducerCore:
     def on_register_consumer(self, consumer_controller: Ref) -> list[Effect]:
         """Connect to a (new) consumer controller; the next message starts its session."""
         self.consumer = consumer_controller
-        if self.phase is ProducerPhase.WAITING_FOR_INITIALIZATION:
+        if self.phase is _WAITING_FOR_INITIALIZATION:
             return self._become_active_if_ready()
         self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else self.current_seq_nr
         logger.debug(
@@ -306,7 +312,7 @@ class ProducerCore:
             self.requested
             and current <= self.requested_seq_nr
             and not self.remaining_chunks
-            and self.phase is ProducerPhase.ACTIVE
+            and self.phase is _ACTIVE
         ):  # has_demand, inlined: this is the hot path
             self._rejected += 1
             raise LocalProtocolError(self._no_demand_message())
@@ -342,7 +348,7 @@ class ProducerCore:
             self.requested
             and current <= self.requested_seq_nr
             and current != self.first_seq_nr
-            and self.phase is ProducerPhase.ACTIVE
+            and self.phase is _ACTIVE
             and not self._announce
             and not self._chunk_size
         ):
@@ -430,7 +436,7 @@ class ProducerCore:
     def _become_active_if_ready(self) -> list[Effect]:
         if self.producer is None or self.consumer is None:
             return []
-        self.phase = ProducerPhase.ACTIVE
+        self.phase = _ACTIVE
         logger.debug("ProducerController %r active", self.producer_id)
         self.requested = True
         return [Send(self.producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
@@ -441,7 +447,7 @@ class ProducerCore:
         )
 
     def _no_demand_message(self) -> str:
-        if self.phase is not ProducerPhase.ACTIVE:
+        if self.phase is not _ACTIVE:
             missing = [
                 name
                 for name, ref in (
