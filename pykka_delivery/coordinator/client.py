@@ -1,0 +1,736 @@
+"""`CoordinatorClient`: one process's connection to the coordinator service.
+
+Theory of operation:
+
+* The client keeps one ``Connect`` stream open to the `CoordinatorServer`, on an asyncio
+  loop in its own thread. Every stream starts with a ``Hello`` carrying the same
+  ``connection_id``: to the coordinator, a new stream with a known id is the same
+  connection coming back, so within the coordinator's ``disconnected_timeout`` its
+  consumers keep their places (an active one stays active).
+* A broken stream is re-opened with exponential backoff and jitter. Each new stream
+  registers every subscription again (the coordinator's `RegisterConsumer` is idempotent
+  for a known ``(connection, subscription_id)``: it changes nothing and replies the
+  status), then re-sends the requests that were not answered yet, in order. A request
+  therefore never fails because of a reconnect; a blocking call may time out meanwhile,
+  and the request is still sent.
+* Liveness is gRPC keepalive (HTTP/2 PING with a timeout) on the client's channel and on
+  the server; there is no heartbeat message. The client learns a connection is broken
+  within ``keepalive_time + keepalive_timeout``; keep that well below the coordinator's
+  ``disconnected_timeout`` (default 60 s), so that a client cut off from the coordinator
+  stops consuming (see `CoordinatedConsumer`) before the coordinator gives its place to
+  another consumer.
+* `close` sends ``Goodbye`` (the coordinator removes the consumers at once);
+  ``close(goodbye=False)`` leaves as a crash would (they wait, disconnected, for the
+  timeout).
+
+Threads: callbacks (``on_update``, connection listeners) run on the client's thread, one
+at a time, in the order the coordinator sent. Keep them quick. Blocking calls of the
+client from a callback would wait for that very thread: they raise `LocalProtocolError`;
+use `send_activate` there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator.commands import (
+    OK,
+    ActivateConsumer,
+    Refusal,
+    RegisterConsumer,
+    Registered,
+    UnregisterConsumer,
+)
+from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.queries import GroupInfo
+from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
+from pykka_delivery.coordinator.state import SIMPLE, GroupId
+from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
+from pykka_delivery.protocol import coordinator_pb2 as pb
+from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+
+__all__ = [
+    "ConnectionRejected",
+    "CoordinatorClient",
+    "CoordinatorRefused",
+    "CoordinatorUnavailable",
+]
+
+logger = logging.getLogger("pykka_delivery.coordinator.client")
+
+OnUpdate = Callable[[SendConsumerUpdate], None]
+
+# Refusals of the stream itself that retrying as is will not fix (a configuration error).
+_REJECTIONS = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+class CoordinatorRefused(DeliveryError):
+    """The coordinator refused a request; nothing changed.
+
+    Attributes:
+        reason: a `Refusal` value (``"partition_index_conflict"``, ...) or
+            ``"invalid_request"``.
+        message: what is wrong and how to fix it.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """The reason as a `Refusal`, or None for ``"invalid_request"``."""
+        try:
+            return Refusal(self.reason)
+        except ValueError:
+            return None
+
+
+class ConnectionRejected(DeliveryError):
+    """The coordinator service refused the connection itself (wrong token, protocol
+    error). The client keeps retrying with backoff, and fails requests at once until a
+    connection succeeds.
+
+    Attributes:
+        code: the gRPC status code's name (``"UNAUTHENTICATED"``, ...).
+        details: the server's explanation.
+    """
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"the coordinator refused the connection: {code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class CoordinatorUnavailable(DeliveryError):
+    """A query could not reach the coordinator service, or it could not answer."""
+
+
+@dataclass(slots=True)
+class _Subscription:
+    group: GroupId
+    subscription_id: int
+    partition_index: int
+    on_update: OnUpdate
+
+
+@dataclass(slots=True)
+class _Request:
+    """A request until its reply: re-sent on every new stream until answered."""
+
+    message: pb.ClientMessage
+    future: concurrent.futures.Future[Any]
+    subscription: _Subscription | None = None  # a register: dropped again if refused
+    forgiving: bool = False  # an unregister: "not found" means done
+
+
+class CoordinatorClient:
+    """A connection to the coordinator service; registers consumers in groups.
+
+    Args:
+        address: the server's ``host:port``.
+        connection_id: this connection's id, the same on every reconnect; default a new
+            UUID. A process restarted with the id it had finds its consumers still there
+            if it comes back within the coordinator's ``disconnected_timeout``.
+        node: the process hosting the connection (its transport node's address, say);
+            default ``hostname:pid``.
+        owner: a label for listings.
+        settings: see `CoordinatorClientSettings`.
+
+    It connects in the background at once; use `wait_connected` to wait for it. Close it
+    with `close` (or ``with``).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        connection_id: str | None = None,
+        node: str | None = None,
+        owner: str = "",
+        settings: CoordinatorClientSettings | None = None,
+    ) -> None:
+        self.address = address
+        self.connection_id = connection_id or uuid.uuid4().hex
+        self.node = node or f"{socket.gethostname()}:{os.getpid()}"
+        self.owner = owner
+        self.settings = settings or CoordinatorClientSettings()
+        # Read here, so that a missing file fails in the caller's thread.
+        self._tls_files = None if self.settings.tls is None else self.settings.tls.read()
+        self._metadata = (
+            (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
+        )
+        self._request_ids = itertools.count(1)
+        self._subscription_ids = itertools.count(1)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._attached = threading.Event()
+        self._listeners: list[Callable[[bool], None]] = []
+        # Owned by the client's thread:
+        self._subscriptions: dict[tuple[GroupId, int], _Subscription] = {}
+        self._pending: dict[int, _Request] = {}
+        self._replays: dict[int, _Subscription] = {}  # this stream's re-registrations
+        # Activations of subscriptions not registered (yet), and their grace timers.
+        self._orphans: dict[
+            tuple[GroupId, int], tuple[SendConsumerUpdate, asyncio.TimerHandle]
+        ] = {}
+        self._outbox: asyncio.Queue[pb.ClientMessage | None] | None = None
+        self._call: Any = None
+        self._rejected: ConnectionRejected | None = None
+        self._stopping = False
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pykka-delivery-coordinator-client", daemon=True
+        )
+        self._thread.start()
+        self._thread_id = self._thread.ident
+        self._loop.call_soon_threadsafe(self._begin)
+
+    # --- public API ------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether a stream is attached now."""
+        return self._attached.is_set()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until a stream is attached; False if ``timeout`` seconds passed first."""
+        return self._attached.wait(timeout)
+
+    def next_subscription_id(self) -> int:
+        """A subscription id not handed out before by this client (1, 2, ...)."""
+        return next(self._subscription_ids)
+
+    def add_listener(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(True)`` when a stream is attached and ``listener(False)`` when
+        it breaks or the client closes (on the client's thread: keep it quick)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[bool], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def register(
+        self,
+        group: GroupId,
+        subscription_id: int,
+        on_update: OnUpdate,
+        *,
+        partition_index: int = SIMPLE,
+        timeout: float | None = None,
+    ) -> Registered:
+        """Register subscription ``subscription_id`` of this connection in ``group``.
+
+        ``on_update`` is called (on the client's thread) with each `SendConsumerUpdate`
+        for it: ``active=True``, start consuming; ``active=False``, step down: finish,
+        stop, then answer with `send_activate` (or `activate`). Registering again (same
+        group and id) replaces ``on_update`` and changes nothing else.
+
+        Returns:
+            `Registered`; whether it is active now. Consuming starts with the update.
+
+        Raises:
+            ValueError: a name is empty or an index is out of range.
+            CoordinatorRefused: ``"partition_index_conflict"``: the group exists with
+                another partition index.
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        # Checked here, so a bad request fails in the caller's code, not on the wire.
+        RegisterConsumer(
+            group.namespace,
+            group.stream,
+            group.name,
+            self.connection_id,
+            subscription_id,
+            self.node,
+            partition_index,
+        )
+        sub = _Subscription(group, subscription_id, partition_index, on_update)
+        request_id = next(self._request_ids)
+        message = wire.register_message(request_id, group, subscription_id, partition_index)
+        result = self._wait(_Request(message, concurrent.futures.Future(), sub), timeout)
+        assert isinstance(result, Registered)
+        return result
+
+    def unregister(
+        self, group: GroupId, subscription_id: int, *, timeout: float | None = None
+    ) -> None:
+        """Remove the subscription from its group; no more updates come for it. Done
+        also when the coordinator no longer had it.
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        UnregisterConsumer(
+            group.namespace, group.stream, group.name, self.connection_id, subscription_id
+        )
+        message = wire.unregister_message(next(self._request_ids), group, subscription_id)
+        self._wait(_Request(message, concurrent.futures.Future(), forgiving=True), timeout)
+
+    def activate(
+        self,
+        group: GroupId,
+        subscription_id: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Answer a step-down in ``group``: subscription ``subscription_id`` of this
+        connection has stopped. Only the answer of the consumer whose step-down is pending
+        counts, so a late answer never lets the next consumer join one still finishing.
+        Without ``subscription_id``, an anonymous answer that counts for any pending
+        step-down (an operator's last-resort unblock).
+
+        Raises:
+            CoordinatorRefused: ``"group_not_found"``.
+            ConnectionRejected: the service refused the connection (a wrong token).
+            DeliveryTimeout: no answer within ``timeout`` (default: the settings'
+                ``request_timeout``); the request stays queued.
+            ClosedError: the client is closed.
+            LocalProtocolError: called on the client's thread (from a callback).
+        """
+        message = self._activate_message(group, subscription_id)
+        self._wait(_Request(message, concurrent.futures.Future()), timeout)
+
+    def send_activate(
+        self, group: GroupId, subscription_id: int | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """`activate` without waiting (from any thread, callbacks included); the future
+        holds the outcome. A refusal is logged."""
+        message = self._activate_message(group, subscription_id)
+        request = _Request(message, concurrent.futures.Future())
+        request.future.add_done_callback(_log_failure)
+        self._post(request)
+        return request.future
+
+    def list_groups(
+        self, namespace: str | None = None, *, timeout: float | None = None
+    ) -> tuple[GroupInfo, ...]:
+        """Every group (of ``namespace``) with its consumers' statuses, sorted by key.
+
+        Raises:
+            ConnectionRejected: wrong token.
+            DeliveryTimeout: no answer within ``timeout``.
+            CoordinatorUnavailable: the service failed the query.
+        """
+        self._check_thread()
+        timeout = self.settings.request_timeout if timeout is None else timeout
+        request = pb.ListGroupsRequest()
+        if namespace is not None:
+            request.namespace = namespace
+        future = asyncio.run_coroutine_threadsafe(self._list_groups(request, timeout), self._loop)
+        return wire.groups_from_message(future.result())
+
+    def close(self, *, goodbye: bool = True) -> None:
+        """Close the connection. With ``goodbye`` (the default) the coordinator removes
+        this connection's consumers at once (the next ones take over); without, it
+        treats the connection as lost, as after a crash. Unanswered requests fail with
+        `ClosedError`; listeners are told ``False``. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        future = asyncio.run_coroutine_threadsafe(self._close(goodbye), self._loop)
+        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._loop.stop))
+        if threading.get_ident() == self._thread_id:
+            return  # from a callback: it finishes once the callback returns
+        with contextlib.suppress(Exception):
+            future.result(timeout=self.settings.close_timeout + 5)
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- requests (caller's thread) -----------------------------------------------------
+
+    def _activate_message(self, group: GroupId, subscription_id: int | None) -> pb.ClientMessage:
+        if subscription_id is None:
+            ActivateConsumer(group.namespace, group.stream, group.name)
+        else:
+            ActivateConsumer(
+                group.namespace, group.stream, group.name, self.connection_id, subscription_id
+            )
+        return wire.activate_message(next(self._request_ids), group, subscription_id)
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() == self._thread_id:
+            msg = (
+                "CoordinatorClient: a blocking call on the client's own thread (from a "
+                "callback) would wait forever: use send_activate, or call from another thread"
+            )
+            raise LocalProtocolError(msg)
+
+    def _wait(self, request: _Request, timeout: float | None) -> Any:
+        self._check_thread()
+        self._post(request)
+        timeout = self.settings.request_timeout if timeout is None else timeout
+        try:
+            return request.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            kind = request.message.WhichOneof("body")
+            msg = (
+                f"CoordinatorClient: no answer to {kind} from {self.address} within {timeout} s "
+                f"({'connected' if self.connected else 'not connected'}); it stays queued"
+            )
+            raise DeliveryTimeout(msg) from None
+
+    def _post(self, request: _Request) -> None:
+        """Hand ``request`` to the client's thread (it fails at once if closed)."""
+        try:
+            if self._closed:
+                raise RuntimeError
+            self._loop.call_soon_threadsafe(self._submit, request)
+        except RuntimeError:  # closed, or closing meanwhile (the loop is closed)
+            _fail(request, ClosedError("CoordinatorClient is closed"))
+
+    # --- the client's thread ------------------------------------------------------------
+
+    def _begin(self) -> None:
+        self._channel = self._new_channel()
+        self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call]
+        self._run_task = self._loop.create_task(self._run())
+
+    def _submit(self, request: _Request) -> None:
+        if self._stopping:
+            _fail(request, ClosedError("CoordinatorClient is closed"))
+            return
+        if self._rejected is not None:
+            _fail(request, self._rejected)
+            return
+        message = request.message
+        kind = message.WhichOneof("body")
+        if request.subscription is not None:
+            sub = request.subscription
+            key = (sub.group, sub.subscription_id)
+            self._subscriptions[key] = sub
+            orphan = self._orphans.pop(key, None)
+            if orphan is not None:  # registered again after a restart: it is active
+                orphan[1].cancel()
+                self._loop.call_soon(_notify, sub, orphan[0])
+        elif kind == "unregister":
+            u = message.unregister
+            self._subscriptions.pop((wire.group_id(u.group), u.subscription_id), None)
+        self._pending[message.request_id] = request
+        if self._outbox is not None:
+            self._outbox.put_nowait(message)
+
+    async def _run(self) -> None:
+        s = self.settings
+        delay = s.reconnect_backoff_min
+        while not self._stopping:
+            attached = await self._session()
+            if self._stopping:
+                return
+            if attached:
+                delay = s.reconnect_backoff_min
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(s.reconnect_backoff_max, delay * 2)
+
+    async def _session(self) -> bool:
+        """One stream, from hello to its end; True if it was attached."""
+        assert self._channel is not None
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), self.settings.connect_timeout)
+        except TimeoutError:
+            logger.info("Coordinator at %s unreachable; retrying", self.address)
+            return False
+        call = self._stub.Connect(metadata=self._metadata)
+        try:
+            # The server's initial metadata says the call is accepted; a refused call ends
+            # first. Writing before could replace the refusal by an INTERNAL status.
+            await asyncio.wait_for(call.initial_metadata(), self.settings.connect_timeout)
+            if call.done():
+                await call.read()  # raises with the refusal's status
+                return False
+        except grpc.aio.AioRpcError as error:
+            self._on_stream_error(error)
+            return False
+        except TimeoutError:
+            call.cancel()
+            logger.info("Coordinator at %s did not accept the stream in time", self.address)
+            return False
+        outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
+        hello_id = next(self._request_ids)
+        outbox.put_nowait(wire.hello_message(hello_id, self.connection_id, self.node, self.owner))
+        self._replays = {}
+        for sub in self._subscriptions.values():
+            request_id = next(self._request_ids)
+            self._replays[request_id] = sub
+            outbox.put_nowait(
+                wire.register_message(
+                    request_id, sub.group, sub.subscription_id, sub.partition_index
+                )
+            )
+        for request in self._pending.values():
+            outbox.put_nowait(request.message)
+        self._outbox, self._call = outbox, call
+        writer = self._loop.create_task(_write(call, outbox))
+        attached = False
+        try:
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    break
+                if message.WhichOneof("body") == "update":
+                    self._on_update(message.update)
+                elif message.reply.request_id == hello_id:
+                    attached = True
+                    self._rejected = None
+                    self._set_attached(True)
+                else:
+                    self._on_reply(message.reply)
+        except grpc.aio.AioRpcError as error:
+            self._on_stream_error(error)
+        finally:
+            self._outbox = self._call = None
+            writer.cancel()
+            call.cancel()
+            if self._attached.is_set():
+                self._set_attached(False)
+        return attached
+
+    def _on_stream_error(self, error: grpc.aio.AioRpcError) -> None:
+        code = error.code()
+        if code not in _REJECTIONS:
+            logger.info("Stream to the coordinator at %s ended: %s", self.address, code.name)
+            return
+        logger.error("The coordinator at %s refused us: %s", self.address, error.details())
+        self._rejected = ConnectionRejected(code.name, error.details() or "")
+        for request in list(self._pending.values()):
+            self._drop(request, self._rejected)
+
+    def _on_reply(self, reply: pb.Reply) -> None:
+        result = wire.reply_of(reply)
+        replayed = self._replays.pop(reply.request_id, None)
+        if replayed is not None:
+            if isinstance(result, pb.Refused):
+                logger.error(
+                    "Registering subscription %d in %s again was refused: %s",
+                    replayed.subscription_id,
+                    replayed.group,
+                    result.message,
+                )
+            return
+        request = self._pending.get(reply.request_id)
+        if request is None:
+            return  # answered on an earlier stream, or an internal request
+        if not isinstance(result, pb.Refused):
+            del self._pending[reply.request_id]
+            _settle(request, result)
+            return
+        refused = CoordinatorRefused(wire.refusal_reason(result), result.message)
+        if request.forgiving and refused.refusal is Refusal.CONSUMER_NOT_FOUND:
+            del self._pending[reply.request_id]
+            _settle(request, OK)
+        else:
+            self._drop(request, refused)
+
+    def _drop(self, request: _Request, error: Exception) -> None:
+        """Fail ``request``; a refused registration is forgotten."""
+        self._pending.pop(request.message.request_id, None)
+        sub = request.subscription
+        key = None if sub is None else (sub.group, sub.subscription_id)
+        if key is not None and self._subscriptions.get(key) is sub:
+            del self._subscriptions[key]
+        _fail(request, error)
+
+    def _on_update(self, wire_update: pb.ConsumerUpdate) -> None:
+        group = wire.group_id(wire_update.group)
+        subscription_id = wire_update.subscription_id
+        update = SendConsumerUpdate(self.connection_id, subscription_id, group, wire_update.active)
+        key = (group, subscription_id)
+        sub = self._subscriptions.get(key)
+        if sub is not None:
+            _notify(sub, update)
+            return
+        orphan = self._orphans.pop(key, None)
+        if orphan is not None:
+            orphan[1].cancel()
+        if update.active:
+            # A process restarted with its old connection id is told, on attaching, about
+            # the subscriptions it had: wait for it to register them again.
+            grace = self.settings.orphan_grace
+            timer = self._loop.call_later(grace, self._release_orphan, key)
+            self._orphans[key] = (update, timer)
+            logger.info(
+                "Active subscription %d in %s is not registered here: waiting %s s for it",
+                subscription_id,
+                group,
+                grace,
+            )
+            return
+        # A step-down for a subscription we no longer have is still answered, so the group
+        # can hand over.
+        logger.info("Step-down of unknown subscription %d in %s: answering", subscription_id, group)
+        message = self._activate_message(group, subscription_id)
+        self._submit(_Request(message, concurrent.futures.Future()))
+
+    def _release_orphan(self, key: tuple[GroupId, int]) -> None:
+        """Give back an activation nobody registered for, so it does not block its group."""
+        if self._orphans.pop(key, None) is None or key in self._subscriptions:
+            return
+        group, subscription_id = key
+        logger.info(
+            "Subscription %d in %s was not registered again: unregistering it",
+            subscription_id,
+            group,
+        )
+        message = wire.unregister_message(next(self._request_ids), group, subscription_id)
+        self._submit(_Request(message, concurrent.futures.Future(), forgiving=True))
+
+    def _set_attached(self, attached: bool) -> None:
+        if attached:
+            self._attached.set()
+            logger.info(
+                "Connected to the coordinator at %s as %r", self.address, self.connection_id
+            )
+        else:
+            self._attached.clear()
+        for listener in tuple(self._listeners):
+            try:
+                listener(attached)
+            except Exception:
+                logger.exception("Coordinator connection listener failed")
+
+    async def _list_groups(
+        self, request: pb.ListGroupsRequest, timeout: float
+    ) -> pb.ListGroupsReply:
+        try:
+            reply: pb.ListGroupsReply = await self._stub.ListGroups(
+                request, metadata=self._metadata, timeout=timeout, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            if code in _REJECTIONS:
+                raise ConnectionRejected(code.name, error.details() or "") from None
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                msg = f"CoordinatorClient: list_groups got no answer within {timeout} s"
+                raise DeliveryTimeout(msg) from None
+            msg = f"list_groups failed: {code.name}: {error.details()}"
+            raise CoordinatorUnavailable(msg) from None
+        return reply
+
+    async def _close(self, goodbye: bool) -> None:
+        self._stopping = True
+        closed = ClosedError("CoordinatorClient is closed")
+        for request in list(self._pending.values()):
+            self._drop(request, closed)
+        outbox, task = self._outbox, self._run_task
+        attached = self._attached.is_set()
+        if attached:
+            # Consumers stop before the coordinator hands their groups over.
+            self._set_attached(False)
+        if goodbye and outbox is not None and attached:
+            outbox.put_nowait(wire.goodbye_message())
+            outbox.put_nowait(None)  # then half-close: the server ends the call
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(task), self.settings.close_timeout)
+        elif goodbye:
+            logger.info("Closing while not connected: the coordinator will see a lost connection")
+        for _update, timer in self._orphans.values():
+            timer.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+
+    def _new_channel(self) -> grpc.aio.Channel:
+        s = self.settings
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", s.max_message_bytes),
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
+        ]
+        if s.tls is None:
+            return grpc.aio.insecure_channel(self.address, options=options)
+        assert self._tls_files is not None
+        chain, key, roots = self._tls_files
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=roots, private_key=key, certificate_chain=chain
+        )
+        if s.tls.server_name_override:
+            options.append(("grpc.ssl_target_name_override", s.tls.server_name_override))
+        return grpc.aio.secure_channel(self.address, credentials, options=options)
+
+
+async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> None:
+    """A stream's writer: one message per write (requests are few); None half-closes."""
+    while True:
+        message = await outbox.get()
+        try:
+            if message is None:
+                await call.done_writing()
+                return
+            await call.write(message)
+        except Exception as error:  # the call ended; its reader sees why
+            logger.debug("Write to the coordinator failed: %s", error)
+            return
+
+
+def _notify(sub: _Subscription, update: SendConsumerUpdate) -> None:
+    try:
+        sub.on_update(update)
+    except Exception:
+        logger.exception("on_update of subscription %d failed on %r", sub.subscription_id, update)
+
+
+def _settle(request: _Request, result: Any) -> None:
+    if not request.future.done():
+        request.future.set_result(result)
+
+
+def _fail(request: _Request, error: Exception) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)
+
+
+def _log_failure(future: concurrent.futures.Future[Any]) -> None:
+    error = future.exception()
+    if error is not None and not isinstance(error, ClosedError):
+        logger.warning("Activate failed: %s", error)

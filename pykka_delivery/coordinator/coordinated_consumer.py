@@ -1,0 +1,364 @@
+"""`CoordinatedConsumer`: a `Consumer` that consumes only while the coordinator says so.
+
+Theory of operation:
+
+* It registers one subscription in a group through a `CoordinatorClient`. While the
+  coordinator has not made it the group's active consumer, iterating it yields nothing
+  (it blocks).
+* Told ``active=True``, it creates a `Consumer` handle and registers it to the producer
+  (`Consumer.register_to`); the producer moves its stream to it and resends what no one
+  confirmed, so the new consumer continues from the first unconfirmed message.
+* Told to step down (``active=False``), it lets the delivery in flight be confirmed, then
+  closes the `Consumer` (which acks what is confirmed to the producer) and only then
+  answers ``activate``, so the coordinator activates the next consumer after this one
+  stopped: never two consumers of a group process at once.
+* Cut off from the coordinator (the client's stream broke), it stops the same way,
+  without answering: the coordinator cannot tell it apart from a crashed consumer and
+  will give the group to another one after its ``disconnected_timeout``. When the
+  connection comes back in time, the coordinator re-sends ``active`` and it resumes.
+  This relies on the client noticing the break (gRPC keepalive) well before that timeout.
+* Each period of consuming is recorded as an `ActivationInterval` (monotonic clock), so
+  tests can check that the intervals of a group's consumers never overlap.
+
+Threads: updates arrive on the client's thread, deliveries are taken and confirmed on the
+application's; one lock orders them. A step-down that arrives while the application waits
+for a message closes the `Consumer` at once (the wait goes on, for the next activation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pykka_delivery.actors.consumer_handle import Consumer
+from pykka_delivery.actors.messages import Delivery, Ref
+from pykka_delivery.actors.settings import ConsumerControllerSettings
+from pykka_delivery.actors.timers import TimerService
+from pykka_delivery.coordinator.client import ConnectionRejected, CoordinatorClient
+from pykka_delivery.coordinator.commands import Registered
+from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.state import SIMPLE, GroupId
+from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError
+from pykka_delivery.protocol.serialization import Serialization
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = ["ActivationInterval", "CoordinatedConsumer"]
+
+logger = logging.getLogger("pykka_delivery.coordinator.consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationInterval:
+    """One period of consuming, in `time.monotonic` seconds.
+
+    Attributes:
+        start: when its `Consumer` was created (after the coordinator's ``active``).
+        end: when that `Consumer` was closed (before answering a step-down); None while
+            it is consuming.
+    """
+
+    start: float
+    end: float | None = None
+
+
+class _ConfirmTo:
+    """``confirm_to`` of a delivery handed out: confirms it, then lets a pending stop
+    go ahead."""
+
+    __slots__ = ("_delivery", "_owner")
+
+    def __init__(self, owner: CoordinatedConsumer, delivery: Delivery) -> None:
+        self._owner = owner
+        self._delivery = delivery
+
+    def tell(self, message: Any) -> None:
+        self._owner._confirm(self._delivery)
+
+
+class CoordinatedConsumer:
+    """Consumes a producer's stream while the coordinator makes it its group's active
+    consumer; use it like a `Consumer`::
+
+        for delivery in coordinated:
+            handle(delivery.message)
+            delivery.confirm()
+
+    Args:
+        client: the process's connection to the coordinator.
+        namespace, stream, name: the group.
+        producer: the producer (a `Producer`'s ref, a producer controller, a remote ref).
+        partition_index: `SIMPLE` (-1) for a simple group, or the partition's index.
+        subscription_id: default: the client's next one.
+        settings, serialization, timer_service: for each `Consumer` it creates.
+        node: a transport node to expose each `Consumer` on (under a fresh name per
+            activation, withdrawn when it stops), for a producer in another process.
+        self_ref_factory: instead of ``node``, builds each `Consumer`'s ref (called once
+            per activation).
+        timeout: bound on the registration.
+
+    Raises:
+        ValueError: both ``node`` and ``self_ref_factory``, or a bad group name.
+        CoordinatorRefused, ConnectionRejected, DeliveryTimeout: the registration failed.
+    """
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        namespace: str,
+        stream: str,
+        name: str,
+        producer: Ref,
+        *,
+        partition_index: int = SIMPLE,
+        subscription_id: int | None = None,
+        settings: ConsumerControllerSettings | None = None,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+        node: Node | None = None,
+        self_ref_factory: Callable[[Ref], Ref] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if node is not None and self_ref_factory is not None:
+            msg = "CoordinatedConsumer: give node or self_ref_factory, not both"
+            raise ValueError(msg)
+        self.group = GroupId(namespace, stream, name)
+        self.subscription_id = (
+            client.next_subscription_id() if subscription_id is None else subscription_id
+        )
+        self._client = client
+        self._producer = producer
+        self._consumer_args: dict[str, Any] = {
+            "serialization": serialization,
+            "timer_service": timer_service,
+        }
+        self._settings = settings
+        self._node = node
+        self._self_ref_factory = self_ref_factory
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._told_active = False  # the coordinator's last word, while connected
+        self._owe_activate = False  # told to step down; answer once stopped
+        self._consumer: Consumer | None = None
+        self._exposed: str | None = None  # the current Consumer's name on the node
+        self._in_flight: Delivery | None = None
+        self._intervals: list[ActivationInterval] = []
+        self._confirmed = 0
+        self._closed = False
+        client.add_listener(self._on_connection)
+        try:
+            self.registered: Registered = client.register(
+                self.group,
+                self.subscription_id,
+                self._on_update,
+                partition_index=partition_index,
+                timeout=timeout,
+            )
+        except BaseException:
+            client.remove_listener(self._on_connection)
+            raise
+
+    # --- the application's side ---------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Delivery:
+        """The next delivery, waiting (also for this consumer to be made active) if
+        needed. Confirm it before the next call.
+
+        Raises:
+            DeliveryTimeout: nothing within ``timeout`` seconds.
+            ClosedError: this consumer was closed.
+            LocalProtocolError: the previous delivery is not confirmed yet.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            consumer, fresh = self._current_consumer(deadline, timeout)
+            try:
+                if fresh:
+                    consumer.register_to(self._producer)
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                delivery = consumer.receive(remaining)
+            except ClosedError:
+                continue  # stopped by a step-down or a lost connection: wait for the next turn
+            with self._lock:
+                if self._consumer is not consumer:
+                    continue  # stopped meanwhile: unconfirmed, so the next consumer gets it
+                self._in_flight = delivery
+            return dataclasses.replace(delivery, confirm_to=_ConfirmTo(self, delivery))
+
+    def __iter__(self) -> Iterator[Delivery]:
+        """Deliveries until this consumer is closed."""
+        while True:
+            try:
+                yield self.receive()
+            except ClosedError:
+                return
+
+    def close(self, *, unregister: bool = True, timeout: float | None = None) -> None:
+        """Stop consuming and leave the group (the next consumer takes over).
+
+        Call it from the consuming thread, or once the delivery in flight is confirmed: a
+        delivery not confirmed by then stays with the producer, for the next consumer.
+        With ``unregister=False`` the subscription stays registered (for a client about to
+        close without goodbye, say). Idempotent.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._told_active = False
+            self._in_flight = None
+            if self._consumer is not None:
+                self._stop_consumer("closed")
+            owed, self._owe_activate = self._owe_activate, False
+            self._changed.notify_all()
+        self._client.remove_listener(self._on_connection)
+        if unregister:
+            try:
+                self._client.unregister(self.group, self.subscription_id, timeout=timeout)
+            except (ClosedError, ConnectionRejected, DeliveryTimeout) as error:
+                logger.warning("Unregistering from %s failed: %s", self.group, error)
+        elif owed:
+            self._client.send_activate(self.group, self.subscription_id)
+
+    def __enter__(self) -> CoordinatedConsumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def is_consuming(self) -> bool:
+        """Whether a `Consumer` is open now (this subscription is active)."""
+        return self._consumer is not None
+
+    @property
+    def confirmed(self) -> int:
+        """Deliveries confirmed through this consumer so far."""
+        return self._confirmed
+
+    def intervals(self) -> tuple[ActivationInterval, ...]:
+        """Every period of consuming so far, oldest first (the last may be open)."""
+        with self._lock:
+            return tuple(self._intervals)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _current_consumer(
+        self, deadline: float | None, timeout: float | None
+    ) -> tuple[Consumer, bool]:
+        """The open `Consumer` and whether it was just created (so not registered to the
+        producer yet), waiting until there is one."""
+        with self._lock:
+            while True:
+                if self._closed:
+                    msg = f"CoordinatedConsumer of {self.group} is closed"
+                    raise ClosedError(msg)
+                if self._in_flight is not None:
+                    msg = (
+                        f"CoordinatedConsumer: delivery seq_nr {self._in_flight.seq_nr} is not "
+                        "confirmed yet: call delivery.confirm() before receiving the next"
+                    )
+                    raise LocalProtocolError(msg)
+                if self._consumer is not None:
+                    return self._consumer, False
+                if self._told_active:
+                    return self._start_consumer(), True
+                if deadline is None:
+                    self._changed.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    msg = f"CoordinatedConsumer of {self.group}: nothing within {timeout} s"
+                    raise DeliveryTimeout(msg)
+                self._changed.wait(remaining)
+
+    def _start_consumer(self) -> Consumer:
+        """With the lock held: a new `Consumer` for this activation."""
+        factory = self._self_ref_factory
+        if self._node is not None:
+            self._exposed = (
+                f"sac-{self._client.connection_id}-{self.subscription_id}-{len(self._intervals)}"
+            )
+            factory = self._node.expose(self._exposed)
+        consumer = Consumer(self._settings, self_ref_factory=factory, **self._consumer_args)
+        self._consumer = consumer
+        self._intervals.append(ActivationInterval(time.monotonic()))
+        logger.info("Subscription %d active in %s: consuming", self.subscription_id, self.group)
+        return consumer
+
+    def _stop_consumer(self, why: str) -> None:
+        """With the lock held: close the `Consumer` (it acks what is confirmed) and end
+        the interval."""
+        consumer = self._consumer
+        assert consumer is not None
+        self._consumer = None
+        consumer.close()
+        if self._node is not None and self._exposed is not None:
+            self._node.unregister(self._exposed)
+            self._exposed = None
+        self._intervals[-1] = dataclasses.replace(self._intervals[-1], end=time.monotonic())
+        self._changed.notify_all()
+        logger.info("Subscription %d in %s stopped (%s)", self.subscription_id, self.group, why)
+
+    def _stop_if_idle(self, why: str) -> bool:
+        """With the lock held, after the coordinator withdrew its ``active``: stop now
+        unless a delivery is in flight (then `_confirm` stops). Returns whether the
+        step-down is to be answered now."""
+        if self._consumer is None or self._in_flight is not None:
+            return False
+        self._stop_consumer(why)
+        owed, self._owe_activate = self._owe_activate, False
+        return owed
+
+    def _confirm(self, delivery: Delivery) -> None:
+        with self._lock:
+            if self._in_flight is not delivery:
+                msg = (
+                    "CoordinatedConsumer: confirm() of a delivery that is not the outstanding "
+                    "one (confirmed already, or this consumer was closed)"
+                )
+                raise LocalProtocolError(msg)
+        delivery.confirm()
+        with self._lock:
+            self._in_flight = None
+            self._confirmed += 1
+            answer = not self._told_active and self._stop_if_idle("stepped down after confirming")
+        if answer:
+            self._client.send_activate(self.group, self.subscription_id)
+
+    def _on_update(self, update: SendConsumerUpdate) -> None:
+        """On the client's thread: the coordinator's word for this subscription."""
+        with self._lock:
+            if self._closed:
+                answer = update.stepping_down
+            elif update.active:
+                answer = False
+                self._told_active = True
+                self._changed.notify_all()
+            else:
+                self._told_active = False
+                answer = self._consumer is None
+                if not answer:
+                    self._owe_activate = True
+                    answer = self._stop_if_idle("stepping down")
+        if answer:
+            self._client.send_activate(self.group, self.subscription_id)
+
+    def _on_connection(self, up: bool) -> None:
+        """On the client's thread: cut off from the coordinator, stop consuming; it
+        re-sends ``active`` when the connection comes back in time."""
+        if up:
+            return
+        with self._lock:
+            self._told_active = False
+            answer = self._stop_if_idle("connection to the coordinator lost")
+        if answer:
+            self._client.send_activate(
+                self.group, self.subscription_id
+            )  # queued until the connection is back

@@ -1,0 +1,401 @@
+"""`CoordinatorServer`: the coordinator actor served over gRPC (protocol/coordinator.proto).
+
+Theory of operation:
+
+* The server runs a ``grpc.aio`` server on an asyncio loop in its own thread, as a
+  transport `Node` does. It holds no coordination state: every decision is the
+  `CoordinatorActor`'s. The server only turns streams into `Attach` / `Detach`, requests
+  into `Execute`, and the actor's consumer updates into stream messages.
+* One ``Connect`` stream per client connection. Its first message must be a ``Hello``
+  naming the connection (FAILED_PRECONDITION otherwise); the server attaches a sink for
+  it (`Attach`, which also re-sends the connection's current statuses) and replies Ok.
+  Requests are then applied one at a time, in order, each answered on the stream.
+* How a stream ended decides what happens to the connection's consumers: after a
+  ``Goodbye`` the client left (`Detach(lost=False)`: they leave their groups at once);
+  any other end (reset, cancelled, keepalive ping unanswered, even a half-close without
+  goodbye) is a lost connection (`Detach(lost=True)`: they wait, disconnected, for the
+  coordinator's ``disconnected_timeout``). A grpc.aio handler cannot tell a client that
+  died from one that half-closed (shared/reference/ecosystem.md), hence the explicit
+  goodbye.
+* Liveness is gRPC keepalive (HTTP/2 PING with a timeout), on both sides; there is no
+  heartbeat message.
+* The actor is never asked from the loop in a blocking way: each ask is waited for on a
+  small thread pool, bounded by ``request_timeout``. An actor that does not answer ends
+  the stream with UNAVAILABLE; the client reconnects and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import hmac
+import logging
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import grpc
+import pykka
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups
+from pykka_delivery.coordinator.commands import OK
+from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
+from pykka_delivery.protocol import coordinator_pb2 as pb
+from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+
+__all__ = [
+    "SERVICE_NAME",
+    "CoordinatorServer",
+    "CoordinatorServerStats",
+]
+
+logger = logging.getLogger("pykka_delivery.coordinator.service")
+
+SERVICE_NAME = "pykka_delivery.coordinator.v1.Coordinator"
+"""The service's full name, also its name in the standard gRPC health service."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorServerStats:
+    """Counters of a `CoordinatorServer`, as a frozen snapshot.
+
+    Attributes:
+        streams_attached: Connect streams that said hello and were attached.
+        streams_closed: streams that ended after a goodbye (consumers removed).
+        streams_lost: streams that ended any other way (consumers kept, disconnected).
+        rejected: streams and queries refused (authentication, no hello first).
+        requests: register / unregister / activate requests answered.
+        updates_sent: consumer updates written to streams.
+    """
+
+    streams_attached: int
+    streams_closed: int
+    streams_lost: int
+    rejected: int
+    requests: int
+    updates_sent: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    streams_attached: int = 0
+    streams_closed: int = 0
+    streams_lost: int = 0
+    rejected: int = 0
+    requests: int = 0
+    updates_sent: int = 0
+
+    def snapshot(self) -> CoordinatorServerStats:
+        return CoordinatorServerStats(**dataclasses.asdict(self))
+
+
+class _Sink:
+    """The `ConnectionSink` of one stream: updates queued for its writer, from any thread.
+
+    Once the stream has ended, updates are dropped (the actor is told by `Detach`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue[Any]) -> None:
+        self._loop = loop
+        self._outbox = outbox
+        self.open = True
+
+    def send_update(self, update: SendConsumerUpdate) -> None:
+        if not self.open:
+            return
+        message = wire.update_message(update)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
+            self._loop.call_soon_threadsafe(self._outbox.put_nowait, message)
+
+
+class _Unavailable(Exception):
+    """The coordinator actor did not answer (stopped, or slower than request_timeout)."""
+
+
+class _Servicer(pb_grpc.CoordinatorServicer):
+    def __init__(self, server: CoordinatorServer) -> None:
+        self.server = server
+
+    async def Connect(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        server = self.server
+        await server._check_token(context)
+        # Tells the client its call is accepted: it writes only then, since a write racing
+        # a refusal would hide the refusal's status behind an INTERNAL one (grpcio 1.85).
+        await context.send_initial_metadata(())
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
+            server._counters.rejected += 1
+            got = "the end of the stream" if first is grpc.aio.EOF else first.WhichOneof("body")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the first message of a Connect stream must be a hello, got {got}: "
+                "send Hello(connection_id, node) first",
+            )
+        hello = first.hello
+        if not hello.connection_id:
+            server._counters.rejected += 1
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "hello.connection_id is empty: give each client connection a stable id",
+            )
+        await _Stream(server, context, hello).run(first.request_id)
+
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListGroupsReply:
+        server = self.server
+        await server._check_token(context)
+        namespace = request.namespace if request.HasField("namespace") else None
+        try:
+            groups = await server._ask(ListGroups(namespace))
+        except _Unavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        return wire.groups_message(groups)
+
+
+class _Stream:
+    """One attached Connect stream: a reader applying requests in order, and a writer
+    draining the outbox (replies and updates) onto the stream."""
+
+    def __init__(
+        self,
+        server: CoordinatorServer,
+        context: grpc.aio.ServicerContext[Any, Any],
+        hello: pb.Hello,
+    ) -> None:
+        self.server = server
+        self.context = context
+        self.connection = hello.connection_id
+        self.node = hello.node or context.peer()
+        self.owner = hello.owner
+        self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        self.sink = _Sink(asyncio.get_running_loop(), self.outbox)
+
+    async def run(self, hello_request_id: int) -> None:
+        server, context = self.server, self.context
+        writer = asyncio.create_task(self._write())
+        goodbye = False
+        try:
+            await server._ask(Attach(self.connection, self.sink))
+            server._counters.streams_attached += 1
+            logger.info("Connection %r (node %s) attached", self.connection, self.node)
+            self.outbox.put_nowait(wire.reply_message(hello_request_id, OK))
+            while True:
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    break
+                kind = message.WhichOneof("body")
+                if kind == "goodbye":
+                    goodbye = True
+                    break
+                if kind == "hello":
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "hello is sent once, first: open a new stream to reconnect",
+                    )
+                self.outbox.put_nowait(await self._answer(message))
+        except _Unavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        finally:
+            self.sink.open = False
+            counter = "streams_closed" if goodbye else "streams_lost"
+            setattr(server._counters, counter, getattr(server._counters, counter) + 1)
+            logger.info(
+                "Connection %r %s", self.connection, "closed" if goodbye else "lost (no goodbye)"
+            )
+            # Told, not awaited: this also runs when the handler is cancelled.
+            server._tell(Detach(self.connection, self.sink, lost=not goodbye))
+            self.outbox.put_nowait(None)
+            if goodbye:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer, server.settings.shutdown_grace)
+            writer.cancel()
+
+    async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        self.server._counters.requests += 1
+        try:
+            command = wire.command_of(message, self.connection, self.node, self.owner)
+        except ValueError as error:
+            return wire.invalid_request_message(message.request_id, str(error))
+        reply = await self.server._ask(Execute(command))
+        return wire.reply_message(message.request_id, reply)
+
+    async def _write(self) -> None:
+        counters = self.server._counters
+        while True:
+            message = await self.outbox.get()
+            if message is None:
+                return
+            try:
+                await self.context.write(message)
+            except Exception as error:  # the stream is gone; the reader sees it end
+                logger.debug("Write to connection %r failed: %s", self.connection, error)
+                return
+            if message.WhichOneof("body") == "update":
+                counters.updates_sent += 1
+
+
+class CoordinatorServer:
+    """Serves a `CoordinatorActor` over gRPC, with the standard health service.
+
+    Args:
+        coordinator: the actor (``CoordinatorActor.start(...)``); the server does not
+            stop it.
+        settings: see `CoordinatorServerSettings`.
+
+    Use ``with CoordinatorServer(ref) as server:`` or `start` / `stop`; clients connect to
+    `address`.
+    """
+
+    def __init__(
+        self, coordinator: pykka.ActorRef[Any], settings: CoordinatorServerSettings | None = None
+    ) -> None:
+        self.coordinator = coordinator
+        self.settings = settings or CoordinatorServerSettings()
+        self.address = ""  # host:port, set by start
+        self._counters = _Counters()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pykka-delivery-coordinator-server", daemon=True
+        )
+        self._asks = concurrent.futures.ThreadPoolExecutor(
+            self.settings.ask_threads, thread_name_prefix="pykka-delivery-coordinator-ask"
+        )
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None
+
+    def start(self) -> CoordinatorServer:
+        """Bind and start serving; `address` is then ``host:port`` (the bound port).
+
+        Raises:
+            RuntimeError: the address cannot be bound (from gRPC).
+            ValueError: a TLS file cannot be read.
+        """
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        try:
+            port = future.result(timeout=30)
+        except Exception:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            raise
+        self.address = f"{self.settings.host}:{port}"
+        logger.info("Coordinator service listening on %s", self.address)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving: open streams end (their connections are lost to the coordinator,
+        and come back when the clients reach a server again)."""
+        if not self._thread.is_alive():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout=self.settings.shutdown_grace + 10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._asks.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> CoordinatorServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def statistics(self) -> CoordinatorServerStats:
+        return self._counters.snapshot()
+
+    # --- on the server's loop ------------------------------------------------------------
+
+    def _grpc_options(self) -> list[tuple[str, Any]]:
+        s = self.settings
+        return [
+            ("grpc.max_send_message_length", s.max_message_bytes),
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
+            # What really ends a connection whose pings go unanswered (see transport.node).
+            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(s.min_ping_interval * 1000)),
+        ]
+
+    async def _start(self) -> int:
+        s = self.settings
+        server = grpc.aio.server(options=self._grpc_options())
+        pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        bind = f"{s.host}:{s.port}"
+        if s.tls is None:
+            port = server.add_insecure_port(bind)
+        else:
+            chain, key, roots = s.tls.read()
+            credentials = grpc.ssl_server_credentials(
+                [(key, chain)],
+                root_certificates=roots,
+                require_client_auth=s.tls.require_client_auth,
+            )
+            port = server.add_secure_port(bind, credentials)
+        await server.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self._health = server, health
+        return int(port)
+
+    async def _stop(self) -> None:
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace)
+
+    async def _check_token(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        token = self.settings.token
+        if token is None:
+            return
+        expected = f"Bearer {token}".encode()
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                got = value.encode() if isinstance(value, str) else value
+                if hmac.compare_digest(got, expected):
+                    return
+                break
+        self._counters.rejected += 1
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong token: give the client the coordinator's token "
+            "(CoordinatorClientSettings.token)",
+        )
+
+    async def _ask(self, message: Any) -> Any:
+        """The actor's answer to ``message``, waited for off the loop.
+
+        Raises:
+            _Unavailable: the actor is stopped or did not answer within request_timeout.
+        """
+        timeout = self.settings.request_timeout
+        future = self.coordinator.ask(message, block=False)
+        try:
+            return await self._loop.run_in_executor(
+                self._asks, partial(future.get, timeout=timeout)
+            )
+        except pykka.ActorDeadError:
+            msg = "the coordinator is stopped: try again later"
+            raise _Unavailable(msg) from None
+        except pykka.Timeout:
+            msg = f"the coordinator did not answer {type(message).__name__} within {timeout} s"
+            raise _Unavailable(msg) from None
+
+    def _tell(self, message: Any) -> None:
+        """Send ``message`` without waiting for the answer (from any thread)."""
+        self.coordinator.ask(message, block=False)  # a dead actor: the future holds it

@@ -1,0 +1,135 @@
+"""Settings of the coordinator's gRPC service and of its clients: every limit and timeout
+named, with its default. Durations are seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pykka_delivery.transport.settings import TlsSettings, _is_loopback
+
+__all__ = ["CoordinatorClientSettings", "CoordinatorServerSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorServerSettings:
+    """Settings of a `CoordinatorServer`. Durations are seconds.
+
+    Attributes:
+        host: the interface to bind. Default 127.0.0.1.
+        port: the port; 0 (the default) picks a free one (see `CoordinatorServer.address`).
+        tls: TLS (and mutual TLS) settings, as for a transport node; None means plaintext,
+            which is allowed only on a loopback host unless ``allow_insecure`` is set.
+        allow_insecure: permit plaintext on a non-loopback host. Default False.
+        token: a shared secret every client must present (metadata ``authorization:
+            Bearer <token>``), compared in constant time. Default none.
+        max_message_bytes: largest message accepted or sent. Default 4 MiB.
+        keepalive_time: seconds between the server's HTTP/2 keepalive pings on an idle
+            connection. Default 10.
+        keepalive_timeout: seconds to wait for a ping's answer before the connection is
+            lost (its streams end; their connections are *lost*). Default 5.
+        min_ping_interval: the shortest interval between a client's pings the server
+            accepts; a client pinging more often is disconnected (GOAWAY
+            ``too_many_pings``), so keep clients' ``keepalive_time`` at or above it.
+            Default 1.
+        request_timeout: how long one request may wait for the coordinator actor's
+            answer before the stream ends with UNAVAILABLE. Default 10.
+        ask_threads: threads that wait for the actor's answers (the loop never blocks on
+            it). Default 4.
+        shutdown_grace: seconds given to open streams when the server stops. Default 1.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls: TlsSettings | None = None
+    allow_insecure: bool = False
+    token: str | None = field(default=None, repr=False)
+    max_message_bytes: int = 4 * 1024 * 1024
+    keepalive_time: float = 10.0
+    keepalive_timeout: float = 5.0
+    min_ping_interval: float = 1.0
+    request_timeout: float = 10.0
+    ask_threads: int = 4
+    shutdown_grace: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
+            (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),
+            (self.keepalive_time > 0, "keepalive_time must be above 0 seconds"),
+            (self.keepalive_timeout > 0, "keepalive_timeout must be above 0 seconds"),
+            (self.min_ping_interval > 0, "min_ping_interval must be above 0 seconds"),
+            (self.request_timeout > 0, "request_timeout must be above 0 seconds"),
+            (self.ask_threads >= 1, f"ask_threads must be at least 1, got {self.ask_threads}"),
+            (self.shutdown_grace >= 0, "shutdown_grace must be 0 seconds or more"),
+            (self.token is None or len(self.token) > 0, "token must not be empty"),
+        ]
+        for ok, problem in checks:
+            if not ok:
+                msg = f"CoordinatorServerSettings: {problem}"
+                raise ValueError(msg)
+        if self.tls is None and not self.allow_insecure and not _is_loopback(self.host):
+            msg = (
+                f"CoordinatorServerSettings: plaintext on {self.host!r} would expose the "
+                "coordinator to the network: set tls=TlsSettings(...), or "
+                "allow_insecure=True if you mean it"
+            )
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorClientSettings:
+    """Settings of a `CoordinatorClient`. Durations are seconds.
+
+    Attributes:
+        tls: TLS settings (as for a transport node); None: plaintext.
+        token: the coordinator's shared secret (``CoordinatorServerSettings.token``).
+        keepalive_time: seconds between HTTP/2 keepalive pings on an idle connection; at
+            or above the server's ``min_ping_interval``. Default 10.
+        keepalive_timeout: seconds to wait for a ping's answer before the connection is
+            lost. Default 5.
+        reconnect_backoff_min / reconnect_backoff_max: first and largest delay between
+            attempts to re-open the stream, doubling with ±20 % jitter. Defaults 0.1 s
+            and 5 s.
+        connect_timeout: how long one attempt to reach the server may take. Default 5.
+        request_timeout: default ``timeout`` of the blocking calls. Default 30.
+        close_timeout: how long `close` waits for the server to acknowledge the
+            goodbye. Default 5.
+        orphan_grace: how long an ``active`` update for a subscription this client has
+            not registered waits for it to be registered (a process restarted with its
+            old ``connection_id`` registering its consumers again: it keeps its place)
+            before the client unregisters it, so that it does not block its group.
+            Default 10.
+        max_message_bytes: largest message sent or accepted. Default 4 MiB.
+    """
+
+    tls: TlsSettings | None = None
+    token: str | None = field(default=None, repr=False)
+    keepalive_time: float = 10.0
+    keepalive_timeout: float = 5.0
+    reconnect_backoff_min: float = 0.1
+    reconnect_backoff_max: float = 5.0
+    connect_timeout: float = 5.0
+    request_timeout: float = 30.0
+    close_timeout: float = 5.0
+    orphan_grace: float = 10.0
+    max_message_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.keepalive_time > 0, "keepalive_time must be above 0 seconds"),
+            (self.keepalive_timeout > 0, "keepalive_timeout must be above 0 seconds"),
+            (
+                0 < self.reconnect_backoff_min <= self.reconnect_backoff_max,
+                "reconnect_backoff_min must be above 0 and at most reconnect_backoff_max",
+            ),
+            (self.connect_timeout > 0, "connect_timeout must be above 0 seconds"),
+            (self.request_timeout > 0, "request_timeout must be above 0 seconds"),
+            (self.close_timeout >= 0, "close_timeout must be 0 seconds or more"),
+            (self.orphan_grace >= 0, "orphan_grace must be 0 seconds or more"),
+            (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),
+            (self.token is None or len(self.token) > 0, "token must not be empty"),
+        ]
+        for ok, problem in checks:
+            if not ok:
+                msg = f"CoordinatorClientSettings: {problem}"
+                raise ValueError(msg)

@@ -1,0 +1,223 @@
+"""The coordinator's wire form: protobuf messages (protocol/coordinator.proto) to and
+from the coordinator's commands, replies, updates and listings.
+
+Shared by the service (`service.py`) and the client (`client.py`), so each mapping is
+written once. Building a command checks its values (the command's own ``__post_init__``);
+a bad request is a `ValueError` naming the field, which the service returns as a refusal
+(``REFUSAL_INVALID_REQUEST``).
+"""
+
+from __future__ import annotations
+
+from pykka_delivery.coordinator.commands import (
+    OK,
+    ActivateConsumer,
+    Ok,
+    Refusal,
+    Refused,
+    RegisterConsumer,
+    Registered,
+    Reply,
+    UnregisterConsumer,
+)
+from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.queries import GroupInfo
+from pykka_delivery.coordinator.state import SIMPLE, Activity, Connectivity, Consumer, GroupId
+from pykka_delivery.protocol import coordinator_pb2 as pb
+
+__all__ = [
+    "INVALID_REQUEST",
+    "activate_message",
+    "command_of",
+    "goodbye_message",
+    "group_id",
+    "group_key",
+    "groups_from_message",
+    "groups_message",
+    "hello_message",
+    "invalid_request_message",
+    "refusal_reason",
+    "register_message",
+    "reply_message",
+    "reply_of",
+    "unregister_message",
+    "update_message",
+]
+
+INVALID_REQUEST = "invalid_request"
+"""Reason of a refusal for a request whose fields are invalid (not a `Refusal`: the
+coordinator's machine never sees such a request)."""
+
+_REFUSAL_TO_WIRE = {r: getattr(pb, f"REFUSAL_{r.name}") for r in Refusal}
+_REFUSAL_FROM_WIRE = {v: r.value for r, v in _REFUSAL_TO_WIRE.items()}
+_CONNECTIVITY_TO_WIRE = {c: getattr(pb, f"CONNECTIVITY_{c.name}") for c in Connectivity}
+_CONNECTIVITY_FROM_WIRE = {v: c for c, v in _CONNECTIVITY_TO_WIRE.items()}
+_ACTIVITY_TO_WIRE = {a: getattr(pb, f"ACTIVITY_{a.name}") for a in Activity}
+_ACTIVITY_FROM_WIRE = {v: a for a, v in _ACTIVITY_TO_WIRE.items()}
+
+
+def group_key(group: GroupId) -> pb.GroupKey:
+    return pb.GroupKey(namespace=group.namespace, stream=group.stream, name=group.name)
+
+
+def group_id(key: pb.GroupKey) -> GroupId:
+    return GroupId(key.namespace, key.stream, key.name)
+
+
+# --- client side: requests ------------------------------------------------------------
+
+
+def hello_message(request_id: int, connection_id: str, node: str, owner: str) -> pb.ClientMessage:
+    hello = pb.Hello(connection_id=connection_id, node=node, owner=owner)
+    return pb.ClientMessage(request_id=request_id, hello=hello)
+
+
+def register_message(
+    request_id: int, group: GroupId, subscription_id: int, partition_index: int
+) -> pb.ClientMessage:
+    register = pb.Register(group=group_key(group), subscription_id=subscription_id)
+    if partition_index != SIMPLE:
+        register.partition_index = partition_index
+    return pb.ClientMessage(request_id=request_id, register=register)
+
+
+def unregister_message(request_id: int, group: GroupId, subscription_id: int) -> pb.ClientMessage:
+    unregister = pb.Unregister(group=group_key(group), subscription_id=subscription_id)
+    return pb.ClientMessage(request_id=request_id, unregister=unregister)
+
+
+def activate_message(
+    request_id: int, group: GroupId, subscription_id: int | None
+) -> pb.ClientMessage:
+    activate = pb.Activate(group=group_key(group))
+    if subscription_id is not None:
+        activate.subscription_id = subscription_id
+    return pb.ClientMessage(request_id=request_id, activate=activate)
+
+
+def goodbye_message() -> pb.ClientMessage:
+    return pb.ClientMessage(goodbye=pb.Goodbye())
+
+
+# --- server side: requests to commands, replies and updates to the wire ----------------
+
+
+def command_of(
+    message: pb.ClientMessage, connection: str, node: str, owner: str
+) -> RegisterConsumer | UnregisterConsumer | ActivateConsumer:
+    """The command a register, unregister or activate message asks for, on behalf of
+    ``connection`` (the stream's hello).
+
+    Raises:
+        ValueError: a field is invalid (the message names it), or the message is not one
+            of those three.
+    """
+    kind = message.WhichOneof("body")
+    if kind == "register":
+        r = message.register
+        index = r.partition_index if r.HasField("partition_index") else SIMPLE
+        g = r.group
+        return RegisterConsumer(
+            g.namespace, g.stream, g.name, connection, r.subscription_id, node, index, owner
+        )
+    if kind == "unregister":
+        u = message.unregister
+        g = u.group
+        return UnregisterConsumer(g.namespace, g.stream, g.name, connection, u.subscription_id)
+    if kind == "activate":
+        a = message.activate
+        g = a.group
+        if a.HasField("subscription_id"):
+            return ActivateConsumer(g.namespace, g.stream, g.name, connection, a.subscription_id)
+        return ActivateConsumer(g.namespace, g.stream, g.name)
+    msg = f"expected register, unregister or activate, got {kind or 'an empty message'}"
+    raise ValueError(msg)
+
+
+def reply_message(request_id: int, reply: Reply) -> pb.ServerMessage:
+    out = pb.Reply(request_id=request_id)
+    if isinstance(reply, Registered):
+        out.registered.active = reply.active
+    elif isinstance(reply, Refused):
+        out.refused.reason = _REFUSAL_TO_WIRE[reply.reason]
+        out.refused.message = reply.message
+    else:
+        out.ok.SetInParent()
+    return pb.ServerMessage(reply=out)
+
+
+def invalid_request_message(request_id: int, message: str) -> pb.ServerMessage:
+    refused = pb.Refused(reason=pb.REFUSAL_INVALID_REQUEST, message=message)
+    return pb.ServerMessage(reply=pb.Reply(request_id=request_id, refused=refused))
+
+
+def update_message(update: SendConsumerUpdate) -> pb.ServerMessage:
+    wire = pb.ConsumerUpdate(
+        group=group_key(update.group),
+        subscription_id=update.subscription_id,
+        active=update.active,
+    )
+    return pb.ServerMessage(update=wire)
+
+
+# --- client side: replies ----------------------------------------------------------------
+
+
+def refusal_reason(refused: pb.Refused) -> str:
+    """A wire refusal's reason: a `Refusal` value, `INVALID_REQUEST`, or ``"unknown"``
+    (a newer server's reason)."""
+    if refused.reason == pb.REFUSAL_INVALID_REQUEST:
+        return INVALID_REQUEST
+    return _REFUSAL_FROM_WIRE.get(refused.reason, "unknown")
+
+
+def reply_of(reply: pb.Reply) -> Ok | Registered | pb.Refused:
+    """The reply as the machine gave it, except a refusal, left in its wire form (its
+    reason may be `INVALID_REQUEST`, which no `Refusal` stands for)."""
+    kind = reply.WhichOneof("result")
+    if kind == "registered":
+        return Registered(reply.registered.active)
+    if kind == "refused":
+        return reply.refused
+    return OK
+
+
+# --- listings ------------------------------------------------------------------------------
+
+
+def groups_message(groups: tuple[GroupInfo, ...]) -> pb.ListGroupsReply:
+    out = pb.ListGroupsReply()
+    for info in groups:
+        wire = out.groups.add(group=group_key(info.group), partition_index=info.partition_index)
+        for c in info.consumers:
+            wire.consumers.add(
+                connection=c.connection,
+                subscription_id=c.subscription_id,
+                node=c.node,
+                owner=c.owner,
+                connectivity=_CONNECTIVITY_TO_WIRE[c.connectivity],
+                activity=_ACTIVITY_TO_WIRE[c.activity],
+            )
+    return out
+
+
+def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
+    """The listing as `GroupInfo` records (``disconnected_at`` is not on the wire: 0)."""
+    return tuple(
+        GroupInfo(
+            group_id(g.group),
+            g.partition_index,
+            tuple(
+                Consumer(
+                    c.connection,
+                    c.subscription_id,
+                    c.node,
+                    c.owner,
+                    _CONNECTIVITY_FROM_WIRE.get(c.connectivity, Connectivity.CONNECTED),
+                    _ACTIVITY_FROM_WIRE.get(c.activity, Activity.WAITING),
+                )
+                for c in g.consumers
+            ),
+        )
+        for g in reply.groups
+    )

@@ -1,0 +1,197 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_UNSPECIFIED: _ClassVar[Refusal]
+    REFUSAL_PARTITION_INDEX_CONFLICT: _ClassVar[Refusal]
+    REFUSAL_GROUP_NOT_FOUND: _ClassVar[Refusal]
+    REFUSAL_CONSUMER_NOT_FOUND: _ClassVar[Refusal]
+    REFUSAL_UNKNOWN_COMMAND: _ClassVar[Refusal]
+    REFUSAL_INVALID_REQUEST: _ClassVar[Refusal]
+
+class Connectivity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONNECTIVITY_UNSPECIFIED: _ClassVar[Connectivity]
+    CONNECTIVITY_CONNECTED: _ClassVar[Connectivity]
+    CONNECTIVITY_DISCONNECTED: _ClassVar[Connectivity]
+    CONNECTIVITY_PRESUMED_DOWN: _ClassVar[Connectivity]
+
+class Activity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTIVITY_UNSPECIFIED: _ClassVar[Activity]
+    ACTIVITY_ACTIVE: _ClassVar[Activity]
+    ACTIVITY_WAITING: _ClassVar[Activity]
+    ACTIVITY_DEACTIVATING: _ClassVar[Activity]
+REFUSAL_UNSPECIFIED: Refusal
+REFUSAL_PARTITION_INDEX_CONFLICT: Refusal
+REFUSAL_GROUP_NOT_FOUND: Refusal
+REFUSAL_CONSUMER_NOT_FOUND: Refusal
+REFUSAL_UNKNOWN_COMMAND: Refusal
+REFUSAL_INVALID_REQUEST: Refusal
+CONNECTIVITY_UNSPECIFIED: Connectivity
+CONNECTIVITY_CONNECTED: Connectivity
+CONNECTIVITY_DISCONNECTED: Connectivity
+CONNECTIVITY_PRESUMED_DOWN: Connectivity
+ACTIVITY_UNSPECIFIED: Activity
+ACTIVITY_ACTIVE: Activity
+ACTIVITY_WAITING: Activity
+ACTIVITY_DEACTIVATING: Activity
+
+class GroupKey(_message.Message):
+    __slots__ = ("namespace", "stream", "name")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    name: str
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("connection_id", "node", "owner")
+    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    connection_id: str
+    node: str
+    owner: str
+    def __init__(self, connection_id: _Optional[str] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("group", "subscription_id", "partition_index")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    group: GroupKey
+    subscription_id: int
+    partition_index: int
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., partition_index: _Optional[int] = ...) -> None: ...
+
+class Unregister(_message.Message):
+    __slots__ = ("group", "subscription_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    group: GroupKey
+    subscription_id: int
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ...) -> None: ...
+
+class Activate(_message.Message):
+    __slots__ = ("group", "subscription_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    group: GroupKey
+    subscription_id: int
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientMessage(_message.Message):
+    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTER_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATE_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    hello: Hello
+    register: Register
+    unregister: Unregister
+    activate: Activate
+    goodbye: Goodbye
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Ok(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("active",)
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    active: bool
+    def __init__(self, active: _Optional[bool] = ...) -> None: ...
+
+class Refused(_message.Message):
+    __slots__ = ("reason", "message")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    reason: Refusal
+    message: str
+    def __init__(self, reason: _Optional[_Union[Refusal, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Reply(_message.Message):
+    __slots__ = ("request_id", "ok", "registered", "refused")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    ok: Ok
+    registered: Registered
+    refused: Refused
+    def __init__(self, request_id: _Optional[int] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
+
+class ConsumerUpdate(_message.Message):
+    __slots__ = ("group", "subscription_id", "active")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    group: GroupKey
+    subscription_id: int
+    active: bool
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("reply", "update")
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    reply: Reply
+    update: ConsumerUpdate
+    def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., update: _Optional[_Union[ConsumerUpdate, _Mapping]] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ConsumerStatus(_message.Message):
+    __slots__ = ("connection", "subscription_id", "node", "owner", "connectivity", "activity")
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIVITY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    connection: str
+    subscription_id: int
+    node: str
+    owner: str
+    connectivity: Connectivity
+    activity: Activity
+    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., connectivity: _Optional[_Union[Connectivity, str]] = ..., activity: _Optional[_Union[Activity, str]] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("group", "partition_index", "consumers")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    group: GroupKey
+    partition_index: int
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStatus]
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., partition_index: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsReply(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...

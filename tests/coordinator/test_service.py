@@ -1,0 +1,659 @@
+"""The coordinator's gRPC service and client, in one process on 127.0.0.1.
+
+A `CoordinatorActor` behind a `CoordinatorServer` (port 0), and `CoordinatorClient`s, each
+one connection. Updates are recorded by `Member`s; tests wait on them with bounded
+timeouts. The only sleeps prove that something does *not* happen within the (short)
+disconnected timeout. The end-to-end tests run `CoordinatedConsumer`s against a `Producer`
+on transport nodes and check the hand-over: every message delivered, in order within each
+activation, and no two activations of a group overlapping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pykka
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pykka_delivery import ConsumerControllerSettings, Producer, ProducerControllerSettings
+from pykka_delivery.coordinator import (
+    SIMPLE,
+    ActivationInterval,
+    Activity,
+    ConnectionRejected,
+    Connectivity,
+    CoordinatedConsumer,
+    CoordinatorActor,
+    CoordinatorClient,
+    CoordinatorClientSettings,
+    CoordinatorRefused,
+    CoordinatorServer,
+    CoordinatorServerSettings,
+    CoordinatorSettings,
+    GroupId,
+    GroupInfo,
+    Refusal,
+    Registered,
+    SendConsumerUpdate,
+)
+from pykka_delivery.errors import DeliveryTimeout
+from pykka_delivery.protocol import coordinator_pb2 as pb
+from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from pykka_delivery.transport import Node
+from tests.tcp_proxy import TcpProxy
+
+WAIT = 10.0  # the most any wait lasts
+TIMEOUT = 0.3  # the coordinator's disconnected timeout in these tests, seconds
+GROUP = GroupId("test", "orders", "billing")
+FAST = CoordinatorClientSettings(
+    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
+)
+
+
+# --- fixtures and helpers ------------------------------------------------------------------
+
+
+Serve = Callable[..., CoordinatorServer]
+
+
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """``serve(timeout=TIMEOUT, **server_settings)``: a coordinator actor behind a server
+    on 127.0.0.1, both stopped at the end of the test."""
+    started: list[tuple[CoordinatorServer, pykka.ActorRef[Any]]] = []
+
+    def start(timeout: float = TIMEOUT, **settings: Any) -> CoordinatorServer:
+        coordinator_settings = CoordinatorSettings(
+            disconnected_timeout=timeout, recovery_min_delay=timeout
+        )
+        actor = CoordinatorActor.start(settings=coordinator_settings)
+        server = CoordinatorServer(actor, CoordinatorServerSettings(**settings)).start()
+        started.append((server, actor))
+        return server
+
+    yield start
+    for server, actor in started:
+        server.stop()
+        actor.stop()
+
+
+@pytest.fixture
+def server(serve: Serve) -> CoordinatorServer:
+    return serve()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[CoordinatorClient]]:
+    """Every client a test opens (via `connect`) is closed at its end."""
+    opened: list[CoordinatorClient] = []
+    yield opened
+    for client in opened:
+        client.close()
+
+
+def connect(clients: list[CoordinatorClient], address: str, **kw: Any) -> CoordinatorClient:
+    kw.setdefault("settings", FAST)
+    client = CoordinatorClient(address, **kw)
+    clients.append(client)
+    return client
+
+
+class Member:
+    """One subscription of a client, recording its updates; ``answer`` makes it answer
+    every step-down at once, as a consumer with nothing in flight does."""
+
+    def __init__(self, client: CoordinatorClient, *, answer: bool = False) -> None:
+        self.client = client
+        self.answer = answer
+        self.updates: queue.Queue[SendConsumerUpdate] = queue.Queue()
+        self.links: queue.Queue[bool] = queue.Queue()
+        client.add_listener(self.links.put)
+
+    def on_update(self, update: SendConsumerUpdate) -> None:
+        self.updates.put(update)
+        if self.answer and update.stepping_down:
+            self.client.send_activate(update.group, update.subscription_id)
+
+    def register(
+        self, group: GroupId = GROUP, subscription_id: int = 1, partition_index: int = SIMPLE
+    ) -> Registered:
+        return self.client.register(
+            group, subscription_id, self.on_update, partition_index=partition_index
+        )
+
+    def next_update(self, timeout: float = WAIT) -> SendConsumerUpdate:
+        try:
+            return self.updates.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"no update for {self.client.connection_id} within {timeout} s")
+
+    def next_link_event(self, timeout: float = WAIT) -> bool:
+        try:
+            return self.links.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"no link event for {self.client.connection_id} within {timeout} s")
+
+
+def members(clients: list[CoordinatorClient], address: str, count: int) -> list[Member]:
+    """``count`` clients with one `Member` each."""
+    return [Member(connect(clients, address)) for _ in range(count)]
+
+
+def statuses(client: CoordinatorClient, group: GroupId = GROUP) -> list[tuple[str, str]]:
+    """``(connection, label)`` of each consumer of ``group``, in the group's order."""
+    infos = {info.group: info for info in client.list_groups()}
+    info = infos.get(group)
+    return [] if info is None else [(c.connection, c.label) for c in info.consumers]
+
+
+def raw_stub(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
+
+
+def hello(connection_id: str = "raw", request_id: int = 1) -> pb.ClientMessage:
+    return pb.ClientMessage(
+        request_id=request_id, hello=pb.Hello(connection_id=connection_id, node="test")
+    )
+
+
+# --- registration and liveness ---------------------------------------------------------------
+
+
+def test_three_clients_in_a_simple_group_have_exactly_one_active(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    three = members(clients, server.address, 3)
+
+    replies = [m.register() for m in three]
+
+    assert replies == [Registered(True), Registered(False), Registered(False)]
+    # An update is written before the reply on the same stream: it is in already.
+    assert three[0].updates.get_nowait().active
+    assert three[1].updates.empty() and three[2].updates.empty()
+    assert [label for _, label in statuses(three[0].client)] == [
+        "active (connected)",
+        "waiting (connected)",
+        "waiting (connected)",
+    ]
+
+
+def test_a_stream_broken_without_goodbye_hands_the_group_over_after_the_disconnected_timeout(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    first, second = members(clients, server.address, 2)
+    first.register()
+    second.register()
+
+    broken = time.monotonic()
+    first.client.close(goodbye=False)  # the call is cancelled: as if the process died
+
+    assert second.next_update().active
+    assert time.monotonic() - broken >= TIMEOUT * 0.9
+    assert [label for _, label in statuses(second.client)] == [
+        "active (presumed down)",
+        "active (connected)",
+    ]
+    assert server.statistics().streams_lost == 1
+
+
+def test_a_goodbye_hands_the_group_over_at_once(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    first, second = members(clients, server.address, 2)
+    first.register()
+    second.register()
+
+    first.client.close()
+
+    assert second.next_update(timeout=TIMEOUT * 0.9).active, "before the disconnected timeout"
+    assert statuses(second.client) == [(second.client.connection_id, "active (connected)")]
+    assert server.statistics().streams_closed == 1
+
+
+def test_a_client_that_reconnects_within_the_timeout_keeps_its_consumers(
+    serve: Serve, clients: list[CoordinatorClient]
+) -> None:
+    server = serve(timeout=1.0)
+    port = int(server.address.rsplit(":", 1)[1])
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        proxied = Member(connect(clients, f"{proxy.address[0]}:{proxy.address[1]}"))
+        direct = Member(connect(clients, server.address))
+        assert proxied.register().active
+        assert proxied.next_link_event() and proxied.next_update().active
+        direct.register()
+
+        proxy.cut()
+
+        assert proxied.next_link_event() is False
+        assert proxied.next_link_event() is True, "reconnected"
+        assert proxied.next_update().active, "its status is sent again"
+        time.sleep(1.3)  # longer than the disconnected timeout: nothing is handed over
+        assert direct.updates.empty()
+        assert [label for _, label in statuses(direct.client)] == [
+            "active (connected)",
+            "waiting (connected)",
+        ]
+
+
+def test_a_stalled_connection_is_lost_by_keepalive_and_its_group_handed_over(
+    serve: Serve, clients: list[CoordinatorClient]
+) -> None:
+    """No heartbeat message: HTTP/2 pings go unanswered, and both sides end the stream."""
+    server = serve(keepalive_time=0.2, keepalive_timeout=0.2, min_ping_interval=0.1)
+    port = int(server.address.rsplit(":", 1)[1])
+    pinging = CoordinatorClientSettings(
+        keepalive_time=0.2,
+        keepalive_timeout=0.2,
+        reconnect_backoff_min=0.01,
+        reconnect_backoff_max=0.1,
+        connect_timeout=0.5,
+    )
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        address = f"{proxy.address[0]}:{proxy.address[1]}"
+        stalled = Member(connect(clients, address, settings=pinging), answer=True)
+        direct = Member(connect(clients, server.address))
+        stalled.register()
+        direct.register()
+        assert stalled.next_link_event() and stalled.next_update().active
+
+        proxy.stall(True)
+
+        assert stalled.next_link_event() is False, "the client saw its pings unanswered"
+        assert direct.next_update().active, "the server lost it too, then timed it out"
+        proxy.stall(False)
+        assert stalled.next_link_event() is True
+        assert stalled.next_update().stepping_down, "back after the timeout: it steps down"
+        assert [label for _, label in statuses(direct.client)] == [
+            "active (connected)",
+            "waiting (connected)",
+        ]
+
+
+def test_a_restarted_client_with_its_connection_id_gets_its_active_consumer_back(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    first, second = members(clients, server.address, 2)
+    first.register()
+    second.register()
+    first.client.close(goodbye=False)
+
+    again = Member(connect(clients, server.address, connection_id=first.client.connection_id))
+    reply = again.register()
+
+    assert reply == Registered(True)
+    assert again.next_update().active, "the activation it was sent on attaching"
+    time.sleep(TIMEOUT * 1.5)
+    assert second.updates.empty()
+
+
+def test_an_activation_nobody_registers_again_is_given_back_after_the_grace(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    first, second = members(clients, server.address, 2)
+    first.register()
+    second.register()
+    first.client.close(goodbye=False)
+
+    settings = CoordinatorClientSettings(orphan_grace=0.1, request_timeout=WAIT)
+    connect(clients, server.address, connection_id=first.client.connection_id, settings=settings)
+
+    assert second.next_update().active
+    assert statuses(second.client) == [(second.client.connection_id, "active (connected)")]
+
+
+def test_a_step_down_answered_with_activate_activates_the_next_consumer(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    group = GroupId("test", "orders-1", "billing")  # partition 1 of a super stream
+    first = Member(connect(clients, server.address), answer=True)
+    second = Member(connect(clients, server.address), answer=True)
+    first.register(group, partition_index=1)
+
+    second.register(group, partition_index=1)  # now eligible[1 % 2] is the second
+
+    assert first.next_update().active
+    assert first.next_update().stepping_down
+    assert second.next_update().active
+    assert [label for _, label in statuses(first.client, group)] == [
+        "waiting (connected)",
+        "active (connected)",
+    ]
+
+
+def test_only_the_answer_of_the_consumer_stepping_down_hands_over(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    group = GroupId("test", "orders-1", "billing")
+    first, second = members(clients, server.address, 2)
+    first.register(group, partition_index=1)
+    second.register(group, partition_index=1)
+    assert first.next_update().active and first.next_update().stepping_down
+
+    second.client.activate(group, 1)  # a late answer of another consumer: nothing
+    deactivating = [label for _, label in statuses(first.client, group)]
+    first.client.activate(group, 1)
+
+    assert deactivating == ["deactivating (connected)", "waiting (connected)"]
+    assert second.next_update().active
+
+
+def test_a_registration_with_another_partition_index_is_refused_with_the_reason(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    first, second = members(clients, server.address, 2)
+    first.register()
+
+    with pytest.raises(CoordinatorRefused) as refused:
+        second.register(partition_index=2)
+
+    assert refused.value.refusal is Refusal.PARTITION_INDEX_CONFLICT
+    assert "partition index -1" in refused.value.message
+    assert len(statuses(first.client)) == 1
+
+
+def test_unregister_and_activate_of_unknown_things(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    client = connect(clients, server.address)
+
+    client.unregister(GROUP, 7)  # already gone: done
+
+    with pytest.raises(CoordinatorRefused) as refused:
+        client.activate(GROUP)
+    assert refused.value.refusal is Refusal.GROUP_NOT_FOUND
+
+
+def test_list_groups_shows_each_consumers_status_and_filters_by_namespace(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    one = connect(clients, server.address, node="node-a", owner="svc-a")
+    two = connect(clients, server.address, node="node-b")
+    other = GroupId("other", "orders-3", "audit")
+    Member(one).register()
+    Member(two).register()
+    Member(two).register(other, subscription_id=2, partition_index=3)
+
+    groups = one.list_groups()
+    only_other = one.list_groups("other")
+
+    assert [info.group for info in groups] == [other, GROUP]  # sorted by key
+    assert only_other == (groups[0],)
+    billing = groups[1]
+    assert isinstance(billing, GroupInfo) and billing.partition_index == SIMPLE
+    assert [(c.connection, c.subscription_id, c.node, c.owner) for c in billing.consumers] == [
+        (one.connection_id, 1, "node-a", "svc-a"),
+        (two.connection_id, 1, "node-b", ""),
+    ]
+    assert [(c.connectivity, c.activity) for c in billing.consumers] == [
+        (Connectivity.CONNECTED, Activity.ACTIVE),
+        (Connectivity.CONNECTED, Activity.WAITING),
+    ]
+    assert groups[0].partition_index == 3
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+def test_a_client_without_the_token_is_refused_with_unauthenticated(
+    serve: Serve, clients: list[CoordinatorClient]
+) -> None:
+    server = serve(token="s3cret")
+    channel, stub = raw_stub(server.address)
+    with channel:
+        stream = stub.Connect(iter([hello()]), timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as raw:
+            list(stream)
+    wrong = connect(clients, server.address, settings=CoordinatorClientSettings(token="nope"))
+    right = connect(clients, server.address, settings=CoordinatorClientSettings(token="s3cret"))
+
+    assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "token" in (raw.value.details() or "")
+    with pytest.raises(ConnectionRejected) as rejected:
+        Member(wrong).register()
+    assert rejected.value.code == "UNAUTHENTICATED"
+    with pytest.raises(ConnectionRejected):
+        wrong.list_groups()
+    assert Member(right).register().active
+    assert server.statistics().rejected >= 2
+
+
+def test_a_stream_whose_first_message_is_not_hello_is_refused(server: CoordinatorServer) -> None:
+    register = pb.ClientMessage(
+        request_id=1, register=pb.Register(group=pb.GroupKey(namespace="a", stream="b", name="c"))
+    )
+    channel, stub = raw_stub(server.address)
+    with channel:
+        stream = stub.Connect(iter([register]), timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stream)
+
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "must be a hello" in (refused.value.details() or "")
+
+
+def test_an_invalid_request_is_refused_and_the_stream_goes_on(server: CoordinatorServer) -> None:
+    requests: queue.Queue[pb.ClientMessage | None] = queue.Queue()
+    bad = pb.Register(group=pb.GroupKey(namespace="", stream="b", name="c"), subscription_id=1)
+    good = pb.Register(group=pb.GroupKey(namespace="a", stream="b", name="c"), subscription_id=1)
+    channel, stub = raw_stub(server.address)
+    with channel:
+        replies = stub.Connect(iter(requests.get, None), timeout=WAIT)
+        requests.put(hello())
+        welcome = next(replies)
+        requests.put(pb.ClientMessage(request_id=2, register=bad))
+        refused = next(replies)
+        requests.put(pb.ClientMessage(request_id=3, register=good))
+        update, registered = next(replies), next(replies)
+        requests.put(pb.ClientMessage(goodbye=pb.Goodbye()))
+        requests.put(None)
+        assert list(replies) == []
+
+    assert welcome.reply.request_id == 1 and welcome.reply.HasField("ok")
+    assert refused.reply.request_id == 2
+    assert refused.reply.refused.reason == pb.REFUSAL_INVALID_REQUEST
+    assert "namespace" in refused.reply.refused.message
+    assert update.update.active and update.update.subscription_id == 1
+    assert registered.reply.request_id == 3 and registered.reply.registered.active
+
+
+def test_plaintext_on_a_public_interface_is_refused_unless_allowed() -> None:
+    with pytest.raises(ValueError, match="allow_insecure"):
+        CoordinatorServerSettings(host="0.0.0.0")
+    CoordinatorServerSettings(host="0.0.0.0", allow_insecure=True)
+
+
+def test_the_health_service_reports_serving(server: CoordinatorServer) -> None:
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="pykka_delivery.coordinator.v1.Coordinator")
+        reply = health.Check(request, timeout=WAIT)
+
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# --- CoordinatedConsumer end to end ----------------------------------------------------------
+
+COUNT = 2_000
+CONSUMER_SETTINGS = ConsumerControllerSettings(
+    flow_control_window=50, resend_interval_min=0.05, resend_interval_max=0.2
+)
+
+
+class Ledger:
+    """Every delivery processed, by every consumer: ``(name, interval, message)``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.entries: list[tuple[str, int, int]] = []
+
+    def record(self, name: str, interval: int, message: int) -> None:
+        with self.lock:
+            self.entries.append((name, interval, message))
+            self.lock.notify_all()
+
+    def wait_until(self, check: Callable[[], bool], what: str) -> None:
+        with self.lock:
+            assert self.lock.wait_for(check, WAIT), f"{what}; got {len(self.entries)}"
+
+    def distinct(self) -> int:
+        return len({m for _, _, m in self.entries})
+
+    def by(self, name: str) -> int:
+        return sum(1 for n, _, _ in self.entries if n == name)
+
+
+class Run:
+    """Consumes a `CoordinatedConsumer` on a thread, a little slowly, and records each
+    delivery; with ``stop_after`` it closes the consumer after that many."""
+
+    def __init__(
+        self, name: str, consumer: CoordinatedConsumer, ledger: Ledger, stop_after: int = 0
+    ) -> None:
+        self.name, self.consumer, self.ledger, self.stop_after = name, consumer, ledger, stop_after
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for done, delivery in enumerate(self.consumer, start=1):
+            interval = len(self.consumer.intervals()) - 1
+            time.sleep(0.0002)  # "processing": a hand-over lands in the middle of it
+            self.ledger.record(self.name, interval, delivery.message)
+            delivery.confirm()
+            if done == self.stop_after:
+                self.consumer.close()
+
+    def join(self) -> None:
+        self.consumer.close(unregister=False)
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def nodes() -> Iterator[tuple[Node, Node]]:
+    producer_node, consumer_node = Node().start(), Node().start()
+    yield producer_node, consumer_node
+    consumer_node.stop()
+    producer_node.stop()
+
+
+def start_sending(producer_node: Node) -> tuple[Producer, threading.Thread]:
+    producer = Producer(
+        "orders",
+        ProducerControllerSettings(resend_first_interval=0.05),
+        self_ref_factory=producer_node.expose("orders"),
+    )
+
+    def send_all() -> None:
+        for number in range(COUNT):
+            producer.send(number, timeout=WAIT)
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    return producer, sender
+
+
+def coordinated(
+    client: CoordinatorClient, nodes: tuple[Node, Node], partition_index: int = SIMPLE
+) -> CoordinatedConsumer:
+    producer_node, consumer_node = nodes
+    group = GROUP if partition_index == SIMPLE else GroupId("test", "orders-1", "billing")
+    return CoordinatedConsumer(
+        client,
+        group.namespace,
+        group.stream,
+        group.name,
+        consumer_node.ref(f"{producer_node.address}/orders"),
+        partition_index=partition_index,
+        settings=CONSUMER_SETTINGS,
+        node=consumer_node,
+    )
+
+
+def check_hand_over(ledger: Ledger, consumers: dict[str, CoordinatedConsumer]) -> None:
+    """Every message processed; within each activation in order without gaps, each
+    activation starting at most where the previous stopped; activations never overlap."""
+    runs: dict[tuple[str, int], list[int]] = {}
+    for name, interval, message in ledger.entries:
+        runs.setdefault((name, interval), []).append(message)
+    for key, messages in runs.items():
+        assert messages == list(range(messages[0], messages[0] + len(messages))), key
+    intervals: list[tuple[ActivationInterval, str]] = sorted(
+        ((i, name) for name, c in consumers.items() for i in c.intervals()),
+        key=lambda pair: pair[0].start,
+    )
+    for (before, a), (after, b) in itertools.pairwise(intervals):
+        assert before.end is not None and before.end <= after.start, f"{a} and {b} overlap"
+    assert {m for _, _, m in ledger.entries} == set(range(COUNT))
+
+
+def test_a_coordinated_consumer_that_is_not_active_yields_nothing(
+    server: CoordinatorServer, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
+) -> None:
+    first = coordinated(connect(clients, server.address), nodes)
+    second = coordinated(connect(clients, server.address), nodes)
+
+    with pytest.raises(DeliveryTimeout):
+        second.receive(timeout=0.2)
+
+    assert first.registered.active and not second.registered.active
+    assert second.intervals() == ()
+    first.close()
+    second.close()
+
+
+def test_coordinated_consumers_hand_over_on_step_down_and_on_a_lost_connection(
+    server: CoordinatorServer, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
+) -> None:
+    """A partitioned group: the second consumer's registration makes the first step down;
+    then the second's connection breaks and the first takes over after the timeout."""
+    ledger = Ledger()
+    producer, sender = start_sending(nodes[0])
+    first = coordinated(connect(clients, server.address), nodes, partition_index=1)
+    first_run = Run("first", first, ledger)
+    ledger.wait_until(lambda: ledger.distinct() >= 500, "the first consumes")
+
+    second_client = connect(clients, server.address)
+    second = coordinated(second_client, nodes, partition_index=1)
+    second_run = Run("second", second, ledger)
+    ledger.wait_until(lambda: ledger.by("second") >= 300, "the second takes over")
+    second_client.close(goodbye=False)  # the second's process "dies"
+    ledger.wait_until(lambda: ledger.distinct() == COUNT, "every message is processed")
+
+    producer.wait_confirmed(timeout=WAIT)
+    sender.join(WAIT)
+    first_run.join()
+    second_run.join()
+    check_hand_over(ledger, {"first": first, "second": second})
+    assert len(first.intervals()) == 2 and len(second.intervals()) == 1
+    gap = first.intervals()[1].start - (second.intervals()[0].end or 0.0)
+    assert gap >= TIMEOUT * 0.9, "the first waited for the disconnected timeout"
+    producer.close()
+
+
+def test_closing_the_active_coordinated_consumer_hands_a_simple_group_over(
+    server: CoordinatorServer, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
+) -> None:
+    ledger = Ledger()
+    producer, sender = start_sending(nodes[0])
+    first = coordinated(connect(clients, server.address), nodes)
+    second = coordinated(connect(clients, server.address), nodes)
+    runs = [Run("first", first, ledger, stop_after=700), Run("second", second, ledger)]
+
+    ledger.wait_until(lambda: ledger.distinct() == COUNT, "every message is processed")
+
+    producer.wait_confirmed(timeout=WAIT)
+    sender.join(WAIT)
+    for run in runs:
+        run.join()
+    check_hand_over(ledger, {"first": first, "second": second})
+    assert ledger.by("first") == 700
+    assert [len(first.intervals()), len(second.intervals())] == [1, 1]
+    producer.close()
