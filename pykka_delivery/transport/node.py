@@ -162,6 +162,10 @@ class _Stream:
         self.alive = True
 
 
+# A frame of at least this many messages means traffic comes in bursts (see _Peer.run).
+_BURST = 16
+
+
 class _Peer:
     """Everything about one other node: its outbox, its current link, its writer task."""
 
@@ -209,6 +213,7 @@ class _Peer:
         counters = node._counters
         codec = node._codec
         outbox = self.outbox
+        last_frame = 0  # messages in the frame built last
         while True:
             if not outbox:
                 self.idle = True
@@ -221,11 +226,16 @@ class _Peer:
                 continue
             if settings.linger:
                 await asyncio.sleep(settings.linger)
-            elif outbox and type(outbox[-1][1]) not in PROMPT and len(outbox) < settings.max_batch:
-                # Woken for data: an application thread may be in the middle of a burst
-                # (waking us released its GIL for a moment). Give the GIL back once so the
-                # burst fills this frame instead of the next; it yields to us again after
-                # yield_after at the latest.
+            elif (
+                last_frame >= _BURST
+                and type(outbox[-1][1]) not in PROMPT
+                and len(outbox) < settings.max_batch
+            ):
+                # Woken for data while traffic comes in bursts: the application thread
+                # may be in the middle of one (waking us released its GIL for a moment).
+                # Give the GIL back once so the burst fills this frame instead of the
+                # next; it yields to us again after yield_after at the latest. At low
+                # rates (small frames) this hand-off would only add latency.
                 time.sleep(0)
             # Consecutive SequencedMessages of one producer share one envelope (a run).
             builder = FrameBuilder(codec)
@@ -242,6 +252,7 @@ class _Peer:
                         error,
                     )
                     counters.dropped_unsendable += 1
+            last_frame = builder.messages
             if builder.messages:
                 for part, messages in node._fit(builder.frame, builder.messages):
                     await self._write(part, messages)
