@@ -27,7 +27,7 @@ records. The rules are the four helpers of the reference's section 2.1:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -480,12 +480,44 @@ def _with_bookkeeping(
     A connection is watched while it has consumers. Its disconnected timer is cancelled
     when it has no disconnected consumer left, unless that timer is the one firing now.
     """
-    old, new = before.connections(), after.connections()
+    # Only the groups the command replaced can change membership or connectivity, and
+    # only connections found in them need a look at the others: a registration costs a
+    # scan of its own group, not of every consumer (bench/coordinator.py).
+    b, a = before.groups, after.groups
+    changed = {gid for gid in b.keys() | a.keys() if b.get(gid) is not a.get(gid)}
+    if not changed:
+        return effects
+
+    def in_changed(groups: Mapping[GroupId, Group], disconnected: bool) -> set[str]:
+        return {
+            c.connection
+            for gid in changed
+            if (g := groups.get(gid)) is not None
+            for c in g.consumers
+            if not disconnected or c.is_disconnected
+        }
+
+    def elsewhere(connection: str, disconnected: bool) -> bool:
+        """``connection`` has a (disconnected) consumer in a group the command left alone."""
+        return any(
+            c.connection == connection and (not disconnected or c.is_disconnected)
+            for gid, g in a.items()
+            if gid not in changed
+            for c in g.consumers
+        )
+
+    old, new = in_changed(b, False), in_changed(a, False)
+    watched = [c for c in sorted(new - old) if not elsewhere(c, False)]
+    unwatched = [c for c in sorted(old - new) if not elsewhere(c, False)]
     fired = command.connection if isinstance(command, DisconnectedTimeout) else None
-    settled = before.disconnected_connections() - after.disconnected_connections()
+    settled = [
+        c
+        for c in sorted(in_changed(b, True) - in_changed(a, True))
+        if c != fired and not elsewhere(c, True)
+    ]
     return [
-        *(WatchConnection(c) for c in sorted(new - old)),
+        *(WatchConnection(c) for c in watched),
         *effects,
-        *(CancelTimer(DisconnectedTimeout(c)) for c in sorted(settled) if c != fired),
-        *(UnwatchConnection(c) for c in sorted(old - new)),
+        *(CancelTimer(DisconnectedTimeout(c)) for c in settled),
+        *(UnwatchConnection(c) for c in unwatched),
     ]
