@@ -1,38 +1,65 @@
-"""Services for the coordinator's multi-process tests (test_service_processes.py).
+"""Services for the coordinator's multi-process tests (test_service_processes.py), and the
+helpers that read what they wrote.
 
-Each is a process on 127.0.0.1 printing JSON lines on stdout (a ``{"ready": true, ...}``
-line once it is reachable)::
+Each service is a process on 127.0.0.1 printing JSON lines on stdout (a
+``{"ready": true, ...}`` line once it is reachable)::
 
     python -m tests.coordinator.procs coordinator --disconnected-timeout 1.0
+    python -m tests.coordinator.procs produce --stream orders-0 --stream orders-1 --count N
     python -m tests.coordinator.procs consume --coordinator HOST:PORT \\
-        --producer HOST:PORT/orders --file F --count N
+        --producer HOST:PORT/orders-0 --producer HOST:PORT/orders-1 --file F-{stream}.txt
 
-* ``coordinator``: a `CoordinatorActor` behind a `CoordinatorServer` (port 0; the ready
-  line gives the address). It runs until it is killed.
-* ``consume``: a transport `Node` and a `CoordinatedConsumer` in the simple group
-  ``test/orders/billing``, consuming the producer's numbers (the first 8 bytes of each
-  payload, big-endian, as examples/remote_producer.py sends them). To ``--file`` it
-  appends, each with a single ``write(2)`` (O_APPEND: a SIGKILL cannot leave a partial
-  line), ``start <monotonic seconds>`` when an activation begins, then each number
-  *before* confirming it, and ``end <monotonic seconds>`` per activation when it exits.
-  It exits after processing number ``--count`` (or when killed).
+* ``coordinator``: a `CoordinatorActor` behind a `CoordinatorServer`, on ``--port`` (0:
+  any free one; the ready line gives the address and ``serving_from``, the monotonic time
+  just before it started listening), its state in memory or, with ``--store``, in a
+  `SqliteCommandLog` (a new process on the same file and port is the same coordinator,
+  restarted). It runs until it is killed.
+* ``produce``: one transport `Node` with a `Producer` per ``--stream``, exposed under the
+  stream's name, each sending the numbers 1, 2, ... (the first 8 bytes of each payload,
+  big-endian, as examples/remote_producer.py sends them) from its own thread: ``--count``
+  of them, or with ``--count 0`` until SIGTERM. Once each has every message it sent
+  confirmed, it prints ``{"sent": {stream: last number}}``, then runs until killed.
+* ``consume``: a transport `Node`, one `CoordinatorClient` (one connection) and a
+  `CoordinatedConsumer` per ``--producer``, in group ``test/<stream>/billing`` (the stream
+  is the producer's exposed name), each consumed on its own thread. With
+  ``--partitioned`` the n-th producer's group is partition n, as the partitions of a super
+  stream are; otherwise each group is simple. The ready line says, per group, whether the
+  registration made it active. To ``--file`` (``{stream}`` in it is replaced by the
+  stream) each thread appends, each with a single ``write(2)`` (O_APPEND: a SIGKILL cannot
+  leave a partial line), ``start <monotonic seconds>`` when it sees an activation begin,
+  then each number *before* confirming it, and when it stops, ``interval <start> <end>``
+  per activation, with or without deliveries. A thread stops after number ``--count``
+  (0: never); on SIGTERM every thread stops. The consumers are then closed (unregistered:
+  the next consumer takes over), the client says goodbye, and the process prints
+  ``{"done": true, ...}`` and exits.
 
 The processes share the host's monotonic clock (CLOCK_MONOTONIC), so the test compares
-their activation times with its own.
+their activation times with each other's and with its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
+import signal
+import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from pykka_delivery import ConsumerControllerSettings
+from pykka_delivery import (
+    ConsumerControllerSettings,
+    DeliveryTimeout,
+    Producer,
+    ProducerControllerSettings,
+)
 from pykka_delivery.coordinator import (
+    SIMPLE,
     CoordinatedConsumer,
     CoordinatorActor,
     CoordinatorClient,
@@ -40,27 +67,196 @@ from pykka_delivery.coordinator import (
     CoordinatorServer,
     CoordinatorServerSettings,
     CoordinatorSettings,
+    SqliteCommandLog,
 )
-from pykka_delivery.transport import Node
+from pykka_delivery.coordinator.store import DEFAULT_SNAPSHOT_EVERY
+from pykka_delivery.transport import Node, NodeSettings
 
-GROUP = ("test", "orders", "billing")
+NAMESPACE = "test"
+GROUP_NAME = "billing"
+
+Interval = tuple[float, float | None]  # (start, end); end None: open (or killed)
+
+
+# --- the test side ---------------------------------------------------------------------
+
+
+class Log:
+    """What one consumer thread wrote to its file.
+
+    Attributes:
+        starts: its activations' starts, as it saw them (only those with deliveries).
+        numbers: ``(activation, number)`` per number processed, ``activation`` the index
+            in ``starts``.
+        intervals: every activation ``(start, end)``, from the ``interval`` lines written
+            when it stopped; a killed process wrote none: then ``(start, None)`` for each
+            start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.starts: list[float] = []
+        self.numbers: list[tuple[int, int]] = []
+        closed: list[Interval] = []
+        lines = path.read_bytes().splitlines() if path.exists() else []
+        for line in lines:
+            if line.startswith(b"start "):
+                self.starts.append(float(line.split()[1]))
+            elif line.startswith(b"interval "):
+                _, start, end = line.split()
+                closed.append((float(start), float(end)))
+            else:
+                self.numbers.append((len(self.starts) - 1, int(line)))
+        self.intervals: list[Interval] = closed or [(start, None) for start in self.starts]
+
+    def processed(self) -> list[int]:
+        return [number for _, number in self.numbers]
+
+    def runs(self) -> list[tuple[float, list[int]]]:
+        """Per activation with deliveries: its start and the numbers it processed."""
+        return [
+            (self.starts[activation], [number for _, number in numbers])
+            for activation, numbers in itertools.groupby(self.numbers, key=lambda n: n[0])
+        ]
+
+
+def assert_no_overlap(intervals_by_consumer: Mapping[str, Iterable[Interval]]) -> None:
+    """Assert that no two activations of one group overlap, whoever held them.
+
+    Args:
+        intervals_by_consumer: each consumer's activations ``(start, end)`` in
+            CLOCK_MONOTONIC seconds (comparable across the processes of one host); an end
+            of None is open, allowed only for the activation that starts last.
+    """
+    ordered = sorted(
+        (interval, name)
+        for name, intervals in intervals_by_consumer.items()
+        for interval in intervals
+    )
+    for ((start_a, end_a), a), ((start_b, _), b) in itertools.pairwise(ordered):
+        assert end_a is not None, f"{a}'s activation from {start_a} is open, {b} started {start_b}"
+        assert end_a <= start_b, (
+            f"{a}'s activation {start_a}..{end_a} overlaps {b}'s from {start_b} "
+            f"by {end_a - start_b:.6f} s"
+        )
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range: no outgoing
+    connection takes it while its server is down between two runs (clients reconnecting to
+    it could otherwise get it as their own port and connect to themselves)."""
+    low = 32768
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if ranges.exists():
+        low = int(ranges.read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 12_000), low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    msg = f"no free port on 127.0.0.1 below {low}"
+    raise AssertionError(msg)
+
+
+# --- the services ------------------------------------------------------------------------
 
 
 def _emit(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def _stop_on_sigterm() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def _join(threads: Sequence[threading.Thread]) -> None:
+    """Join in short waits, so that the main thread still runs signal handlers."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.1)
+
+
 def coordinator(args: argparse.Namespace) -> None:
     timeout = args.disconnected_timeout
     settings = CoordinatorSettings(disconnected_timeout=timeout, recovery_min_delay=timeout)
-    actor = CoordinatorActor.start(settings=settings)
+    log = None
+    if args.store:
+        log = SqliteCommandLog(args.store, snapshot_every=args.snapshot_every)
+    actor = CoordinatorActor.start(log, settings)
+    serving_from = time.monotonic()
     with CoordinatorServer(actor, CoordinatorServerSettings(port=args.port)) as server:
-        _emit(ready=True, address=server.address)
+        _emit(ready=True, address=server.address, serving_from=serving_from)
         threading.Event().wait()  # until killed
 
 
+def _send(producer: Producer, count: int, stop: threading.Event, sent: dict[str, int]) -> None:
+    payload = bytes(92)
+    number = 0
+    while not stop.is_set() and (count == 0 or number < count):
+        try:
+            producer.send((number + 1).to_bytes(8, "big") + payload, timeout=0.2)
+        except DeliveryTimeout:
+            continue  # no demand (no active consumer): check for the stop, then try again
+        number += 1
+    producer.wait_confirmed(timeout=60.0)
+    sent[producer.producer_id] = number
+
+
+def produce(args: argparse.Namespace) -> None:
+    stop = _stop_on_sigterm()
+    settings = ProducerControllerSettings(resend_first_interval=0.2)
+    with Node(NodeSettings(port=args.port)) as node:
+        producers = [
+            Producer(stream, settings, self_ref_factory=node.expose(stream))
+            for stream in args.stream
+        ]
+        _emit(ready=True, address=node.address)
+        sent: dict[str, int] = {}
+        senders = [
+            threading.Thread(target=_send, args=(p, args.count, stop, sent), daemon=True)
+            for p in producers
+        ]
+        for sender in senders:
+            sender.start()
+        _join(senders)
+        _emit(sent=sent)
+        threading.Event().wait()  # until killed: the consumers may still talk to it
+
+
+def _consume(
+    consumer: CoordinatedConsumer, path: str, count: int, pause: float, stop: threading.Event
+) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        seen = 0
+        while not stop.is_set():
+            try:
+                delivery = consumer.receive(timeout=0.1)
+            except DeliveryTimeout:
+                continue  # not active, or nothing sent: check for the stop
+            intervals = consumer.intervals()
+            if len(intervals) > seen:
+                seen = len(intervals)
+                os.write(fd, b"start %r\n" % intervals[-1].start)
+            number = int.from_bytes(delivery.message[:8], "big")
+            os.write(fd, b"%d\n" % number)  # recorded before it is confirmed
+            delivery.confirm()
+            if pause:
+                time.sleep(pause)  # a steady flow: a kill or a hand-over lands anywhere in it
+            if number == count:
+                break
+        consumer.close()  # from the consuming thread, nothing in flight
+        for interval in consumer.intervals():
+            os.write(fd, b"interval %r %r\n" % (interval.start, interval.end))
+    finally:
+        os.close(fd)
+
+
 def consume(args: argparse.Namespace) -> None:
-    fd = os.open(args.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    stop = _stop_on_sigterm()
     client_settings = CoordinatorClientSettings(
         reconnect_backoff_min=0.05, reconnect_backoff_max=0.5, request_timeout=10.0
     )
@@ -71,30 +267,41 @@ def consume(args: argparse.Namespace) -> None:
         client = CoordinatorClient(
             args.coordinator, node=node.address, owner=args.name, settings=client_settings
         )
-        consumer = CoordinatedConsumer(
-            client, *GROUP, node.ref(args.producer), settings=consumer_settings, node=node
+        consumers = {}
+        for index, producer in enumerate(args.producer):
+            stream = producer.rsplit("/", 1)[1]
+            consumers[stream] = CoordinatedConsumer(
+                client,
+                NAMESPACE,
+                stream,
+                GROUP_NAME,
+                node.ref(producer),
+                partition_index=index if args.partitioned else SIMPLE,
+                settings=consumer_settings,
+                node=node,
+            )
+        _emit(
+            ready=True,
+            active=[c.registered.active for c in consumers.values()],
+            connection=client.connection_id,
         )
-        _emit(ready=True, active=consumer.registered.active, connection=client.connection_id)
         pause = 1 / args.throttle if args.throttle else 0.0
-        started = 0
-        for delivery in consumer:
-            intervals = consumer.intervals()
-            if len(intervals) > started:
-                started = len(intervals)
-                os.write(fd, b"start %r\n" % intervals[-1].start)
-            number = int.from_bytes(delivery.message[:8], "big")
-            os.write(fd, b"%d\n" % number)  # recorded before it is confirmed
-            delivery.confirm()
-            if pause:
-                time.sleep(pause)  # a steady flow: a kill lands anywhere in it
-            if number >= args.count:
-                break
-        consumer.close()
-        for interval in consumer.intervals():
-            os.write(fd, b"end %r\n" % interval.end)
+        threads = [
+            threading.Thread(
+                target=_consume,
+                args=(c, args.file.replace("{stream}", s), args.count, pause, stop),
+                name=f"consume-{s}",
+            )
+            for s, c in consumers.items()
+        ]
+        for thread in threads:
+            thread.start()
+        while not stop.wait(0.05) and any(t.is_alive() for t in threads):
+            pass
+        stop.set()
+        _join(threads)
         client.close()
-        _emit(done=True, confirmed=consumer.confirmed)
-    os.close(fd)
+        _emit(done=True, confirmed={s: c.confirmed for s, c in consumers.items()})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -104,13 +311,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = commands.add_parser("coordinator", help="a coordinator actor behind its server")
     sub.add_argument("--port", type=int, default=0)
     sub.add_argument("--disconnected-timeout", type=float, default=1.0)
+    sub.add_argument("--store", default="", help="a SQLite command log (default: in memory)")
+    sub.add_argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY)
     sub.set_defaults(run=coordinator)
 
-    sub = commands.add_parser("consume", help="a coordinated consumer writing to --file")
+    sub = commands.add_parser("produce", help="a producer per stream on one node")
+    sub.add_argument("--stream", action="append", required=True, help="a producer's name")
+    sub.add_argument("--count", type=int, default=0, help="numbers to send (0: until SIGTERM)")
+    sub.add_argument("--port", type=int, default=0)
+    sub.set_defaults(run=produce)
+
+    sub = commands.add_parser("consume", help="coordinated consumers writing to --file")
     sub.add_argument("--coordinator", required=True, help="host:port of the coordinator")
-    sub.add_argument("--producer", required=True, help="host:port/name of the producer")
-    sub.add_argument("--file", required=True)
-    sub.add_argument("--count", type=int, required=True, help="exit after this number")
+    sub.add_argument(
+        "--producer", action="append", required=True, help="host:port/stream, one per group"
+    )
+    sub.add_argument("--partitioned", action="store_true", help="group n is partition n")
+    sub.add_argument("--file", required=True, help="{stream} is replaced by the stream")
+    sub.add_argument("--count", type=int, default=0, help="stop after this number (0: never)")
     sub.add_argument("--name", default="consumer")
     sub.add_argument("--window", type=int, default=100, help="flow-control window")
     sub.add_argument("--throttle", type=float, default=0.0, help="most messages/s (0: no limit)")
