@@ -63,6 +63,7 @@ from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from pykka_delivery.transport.grpc_setup import keepalive_options, open_channel, reconnect_options
 
 __all__ = [
     "ConnectionRejected",
@@ -675,28 +676,15 @@ class CoordinatorClient:
 
     def _new_channel(self) -> grpc.aio.Channel:
         s = self.settings
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_send_message_length", s.max_message_bytes),
-            ("grpc.max_receive_message_length", s.max_message_bytes),
-            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
-            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
-            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
-            ("grpc.min_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
-            ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
+        options = [
+            *keepalive_options(
+                max_message_bytes=s.max_message_bytes,
+                keepalive_time=s.keepalive_time,
+                keepalive_timeout=s.keepalive_timeout,
+            ),
+            *reconnect_options(s.reconnect_backoff_min, s.reconnect_backoff_max),
         ]
-        if s.tls is None:
-            return grpc.aio.insecure_channel(self.address, options=options)
-        assert self._tls_files is not None
-        chain, key, roots = self._tls_files
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=roots, private_key=key, certificate_chain=chain
-        )
-        if s.tls.server_name_override:
-            options.append(("grpc.ssl_target_name_override", s.tls.server_name_override))
-        return grpc.aio.secure_channel(self.address, credentials, options=options)
+        return open_channel(self.address, s.tls, options, self._tls_files)
 
 
 async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> None:

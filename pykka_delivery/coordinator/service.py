@@ -30,7 +30,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import hmac
 import logging
 import threading
 from dataclasses import dataclass
@@ -39,8 +38,6 @@ from typing import Any
 
 import grpc
 import pykka
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 
 from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups
@@ -49,6 +46,7 @@ from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from pykka_delivery.transport.grpc_setup import bearer_token_ok, keepalive_options, start_server
 
 __all__ = [
     "SERVICE_NAME",
@@ -316,42 +314,19 @@ class CoordinatorServer:
 
     # --- on the server's loop ------------------------------------------------------------
 
-    def _grpc_options(self) -> list[tuple[str, Any]]:
-        s = self.settings
-        return [
-            ("grpc.max_send_message_length", s.max_message_bytes),
-            ("grpc.max_receive_message_length", s.max_message_bytes),
-            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
-            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
-            # What really ends a connection whose pings go unanswered (see transport.node).
-            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.http2.min_ping_interval_without_data_ms", int(s.min_ping_interval * 1000)),
-        ]
-
     async def _start(self) -> int:
         s = self.settings
-        server = grpc.aio.server(options=self._grpc_options())
+        options = keepalive_options(
+            max_message_bytes=s.max_message_bytes,
+            keepalive_time=s.keepalive_time,
+            keepalive_timeout=s.keepalive_timeout,
+            min_ping_interval=s.min_ping_interval,
+        )
+        server = grpc.aio.server(options=options)
         pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
-        health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        bind = f"{s.host}:{s.port}"
-        if s.tls is None:
-            port = server.add_insecure_port(bind)
-        else:
-            chain, key, roots = s.tls.read()
-            credentials = grpc.ssl_server_credentials(
-                [(key, chain)],
-                root_certificates=roots,
-                require_client_auth=s.tls.require_client_auth,
-            )
-            port = server.add_secure_port(bind, credentials)
-        await server.start()
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        port, health = await start_server(server, f"{s.host}:{s.port}", s.tls, [SERVICE_NAME])
         self._server, self._health = server, health
-        return int(port)
+        return port
 
     async def _stop(self) -> None:
         if self._health is not None:
@@ -360,16 +335,8 @@ class CoordinatorServer:
             await self._server.stop(self.settings.shutdown_grace)
 
     async def _check_token(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        token = self.settings.token
-        if token is None:
+        if bearer_token_ok(context.invocation_metadata(), self.settings.token):
             return
-        expected = f"Bearer {token}".encode()
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                got = value.encode() if isinstance(value, str) else value
-                if hmac.compare_digest(got, expected):
-                    return
-                break
         self._counters.rejected += 1
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,

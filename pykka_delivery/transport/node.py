@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import logging
 import random
 import threading
@@ -38,13 +37,18 @@ from typing import Any
 
 import grpc
 import pykka
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 
 from pykka_delivery.actors.messages import PeerLinkChanged, Ref
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 from pykka_delivery.transport.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
+from pykka_delivery.transport.grpc_setup import (
+    bearer_token_ok,
+    keepalive_options,
+    open_channel,
+    reconnect_options,
+    start_server,
+)
 from pykka_delivery.transport.settings import NodeSettings
 
 __all__ = ["Node", "NodeStats", "RemoteRef"]
@@ -308,7 +312,7 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         node = self.node
-        if not node._authorized(context.invocation_metadata()):
+        if not bearer_token_ok(context.invocation_metadata(), node.settings.token):
             node._counters.rejected_links += 1
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -570,19 +574,13 @@ class Node:
     def _grpc_options(self) -> list[tuple[str, Any]]:
         s = self.settings
         return [
-            ("grpc.max_send_message_length", s.max_message_bytes + 1024),
-            ("grpc.max_receive_message_length", s.max_message_bytes + 1024),
-            ("grpc.keepalive_time_ms", int(s.keepalive_time * 1000)),
-            ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout * 1000)),
-            # What really ends a stream whose pings go unanswered (a stalled connection):
-            # keepalive_timeout_ms alone does not (measured, grpcio 1.85).
-            ("grpc.http2.ping_timeout_ms", int(s.keepalive_timeout * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.http2.min_ping_interval_without_data_ms", int(s.keepalive_time * 500)),
-            ("grpc.initial_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
-            ("grpc.min_reconnect_backoff_ms", int(s.reconnect_backoff_min * 1000)),
-            ("grpc.max_reconnect_backoff_ms", int(s.reconnect_backoff_max * 1000)),
+            *keepalive_options(
+                max_message_bytes=s.max_message_bytes + 1024,  # room for the frame's own fields
+                keepalive_time=s.keepalive_time,
+                keepalive_timeout=s.keepalive_timeout,
+                min_ping_interval=s.keepalive_time / 2,
+            ),
+            *reconnect_options(s.reconnect_backoff_min, s.reconnect_backoff_max),
             # A large initial HTTP/2 stream window: a frame is written without waiting for
             # the other side's WINDOW_UPDATE, which needs its (GIL-sharing) reader to run.
             ("grpc.http2.lookahead_bytes", 4 * s.max_message_bytes),
@@ -593,48 +591,14 @@ class Node:
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
         transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
-        health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        bind = f"{s.host}:{s.port}"
-        if s.tls is None:
-            port = server.add_insecure_port(bind)
-        else:
-            chain, key, roots = s.tls.read()
-            credentials = grpc.ssl_server_credentials(
-                [(key, chain)],
-                root_certificates=roots,
-                require_client_auth=s.tls.require_client_auth,
-            )
-            port = server.add_secure_port(bind, credentials)
-        await server.start()
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await health.set("pykka_delivery.transport.v1.Node", health_pb2.HealthCheckResponse.SERVING)
+        port, _ = await start_server(
+            server, f"{s.host}:{s.port}", s.tls, ["pykka_delivery.transport.v1.Node"]
+        )
         self._server = server
-        return int(port)
-
-    def _authorized(self, metadata: Any) -> bool:
-        token = self.settings.token
-        if token is None:
-            return True
-        expected = f"Bearer {token}".encode()
-        for key, value in metadata or ():
-            if key == "authorization":
-                got = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(got, expected)
-        return False
+        return port
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        s = self.settings
-        options = self._grpc_options()
-        if s.tls is None:
-            return grpc.aio.insecure_channel(address, options=options)
-        chain, key, roots = s.tls.read()
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=roots, private_key=key, certificate_chain=chain
-        )
-        if s.tls.server_name_override:
-            options.append(("grpc.ssl_target_name_override", s.tls.server_name_override))
-        return grpc.aio.secure_channel(address, credentials, options=options)
+        return open_channel(address, self.settings.tls, self._grpc_options())
 
     async def _dial(self, peer: _Peer) -> bool:
         """Open a link to ``peer``; False if it failed (the caller backs off)."""
