@@ -673,6 +673,14 @@ class CoordinatorClient:
             await asyncio.gather(task, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
+        # gRPC's own tasks of a cancelled call finish a moment later: let them, so that
+        # stopping the loop does not destroy them pending (asyncio logs that as an error).
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if others:
+            _, late = await asyncio.wait(others, timeout=self.settings.close_timeout)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     def _new_channel(self) -> grpc.aio.Channel:
         s = self.settings

@@ -10,7 +10,9 @@ activation, and no two activations of a group overlapping.
 
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -202,6 +204,21 @@ def test_a_stream_broken_without_goodbye_hands_the_group_over_after_the_disconne
         "active (connected)",
     ]
     assert server.statistics().streams_lost == 1
+
+
+def test_closing_without_goodbye_leaves_no_grpc_task_pending(
+    server: CoordinatorServer, clients: list[CoordinatorClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A cancelled call's own gRPC tasks used to be destroyed pending when the client's
+    # loop closed, and asyncio logged an error for each.
+    group_members = members(clients, server.address, 12)
+    for member in group_members:
+        member.register()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for member in group_members:
+            member.client.close(goodbye=False)
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 def test_a_goodbye_hands_the_group_over_at_once(
