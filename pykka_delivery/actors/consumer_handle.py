@@ -23,7 +23,7 @@ from typing import Any
 from pykka_delivery.actors._handle_parts import DeliveryFeed, ReadyDeliveries
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
-from pykka_delivery.actors.messages import Delivery, Ref
+from pykka_delivery.actors.messages import Delivery, Ref, SequencedMessage
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import Timers, TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
@@ -63,13 +63,13 @@ class _ConfirmTo:
     """``Delivery.confirm_to`` of one delivery: confirming is a direct call, on any thread,
     and a second confirmation of the same delivery is told apart from the next one's."""
 
-    __slots__ = ("_consumer",)
+    __slots__ = ("_confirm",)
 
     def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
+        self._confirm = consumer._confirm
 
     def tell(self, message: Any) -> None:
-        self._consumer._confirm(self)
+        self._confirm(self)
 
 
 class Consumer(DeliveryFeed):
@@ -150,6 +150,19 @@ class Consumer(DeliveryFeed):
             with self._lock:
                 if self._closed or self._outstanding is not None:
                     self._check_can_receive()
+                inbox = self._inbox
+                if (
+                    inbox
+                    and type(inbox[0]) is SequencedMessage
+                    and not self._ready.deliveries
+                    and not self._outbox
+                ):
+                    # The steady state, inlined: the next message is the next delivery.
+                    delivery = self._core.next_delivery(inbox[0])
+                    if delivery is not None:
+                        inbox.popleft()
+                        self._outstanding = delivery
+                        return delivery  # nothing to tell: the fast path has no effects
                 delivery = self._next_ready()
                 if delivery is None and not self._outbox:
                     if self._core.is_stopped:
