@@ -178,11 +178,12 @@ class CoordinatorActor(pykka.ThreadingActor):
 
     Args:
         log: where the state is kept; default: a `MemoryCommandLog` (no durability). The
-            actor closes it when it stops.
+            actor closes it when it stops, or when it fails to start.
         settings: the coordinator's settings; default: those stored in ``log`` (the
             machine's defaults for a new log). Settings that differ from the stored ones
             are applied (and logged) as `UpdateSettings` at start.
-        clock: wall-clock seconds, for the ``now`` of commands; default `time.time`.
+        clock: wall-clock seconds, for the ``now`` of commands; default `time.time`. (The
+            sweep measures how long a connection has had no sink on `time.monotonic`.)
         timer_service: runs the timers; default: the process-wide one.
         sweep_interval: seconds between two stale-connection sweeps; default
             `DEFAULT_SWEEP_INTERVAL` (30 s).
@@ -205,10 +206,15 @@ class CoordinatorActor(pykka.ThreadingActor):
     ) -> None:
         super().__init__()
         if not (math.isfinite(sweep_interval) and sweep_interval > 0):
+            if log is not None:
+                log.close()  # the actor owns the log: if it does not start, nobody closes it
             msg = f"sweep_interval must be finite seconds above 0, got {sweep_interval!r}"
             raise ValueError(msg)
         self._log: CommandLog = MemoryCommandLog() if log is None else log
         self._clock = clock
+        # The sweep's own reckoning: monotonic, so that a step of the wall clock (NTP, a
+        # resumed VM) never makes a connection look stale early.
+        self._monotonic: Callable[[], float] = time.monotonic
         self._sweep_interval = sweep_interval
         self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
         self._sinks: dict[str, ConnectionSink] = {}
@@ -218,10 +224,15 @@ class CoordinatorActor(pykka.ThreadingActor):
         self._just_sent: set[SendConsumerUpdate] | None = None  # collected during an Attach
         self._counters = dict.fromkeys(CoordinatorStats.__dataclass_fields__, 0)
         # Loaded here, in the caller's thread, so that an unreadable log fails `start`.
-        self._state: CoordinatorState = self._log.load()
-        change = None if settings is None else settings_change(self._state, settings)
-        if change is not None:
-            self._submit(change)
+        # The actor owns the log: if it does not start, nobody else would close it.
+        try:
+            self._state: CoordinatorState = self._log.load()
+            change = None if settings is None else settings_change(self._state, settings)
+            if change is not None:
+                self._submit(change)
+        except BaseException:
+            self._log.close()
+            raise
 
     # --- lifecycle
 
@@ -231,8 +242,12 @@ class CoordinatorActor(pykka.ThreadingActor):
             len(self._state.groups),
             len(self._state.connections()),
         )
-        self._submit(Recover(now=self._clock()))
-        self._timers.start(_SWEEP, self._sweep_interval)
+        try:
+            self._submit(Recover(now=self._clock()))
+            self._timers.start(_SWEEP, self._sweep_interval)
+        except BaseException:
+            self._shut_down()  # pykka calls neither on_stop nor on_failure for on_start
+            raise
 
     def on_stop(self) -> None:
         self._shut_down()
@@ -285,14 +300,17 @@ class CoordinatorActor(pykka.ThreadingActor):
         logger.info(
             "Connection %r attached%s", connection, " (replacing its sink)" if replaced else ""
         )
-        self._just_sent = set()
-        if any(
-            c.connection == connection and not c.is_connected
-            for g in self._state.groups.values()
-            for c in g.consumers
-        ):
-            self._submit(ConnectionReconnected(connection))
-        sent, self._just_sent = self._just_sent, None
+        sent: set[SendConsumerUpdate] = set()
+        self._just_sent = sent
+        try:
+            if any(
+                c.connection == connection and not c.is_connected
+                for g in self._state.groups.values()
+                for c in g.consumers
+            ):
+                self._submit(ConnectionReconnected(connection))
+        finally:
+            self._just_sent = None
         self._send_all(u for u in self._current_updates(connection) if u not in sent)
         self._drain()  # a sink that failed during the re-send
 
@@ -311,7 +329,7 @@ class CoordinatorActor(pykka.ThreadingActor):
     def _lose_sink(self, connection: str) -> None:
         del self._sinks[connection]
         if connection in self._watched:
-            self._detached_since[connection] = self._clock()
+            self._detached_since[connection] = self._monotonic()
 
     def _current_updates(self, connection: str) -> list[SendConsumerUpdate]:
         """The update each connected consumer of ``connection`` was last sent."""
@@ -327,7 +345,7 @@ class CoordinatorActor(pykka.ThreadingActor):
         return updates
 
     def _sweep(self) -> None:
-        now = self._clock()
+        now = self._monotonic()
         timeout = self._state.settings.disconnected_timeout
         stale = sorted(
             c
@@ -386,7 +404,7 @@ class CoordinatorActor(pykka.ThreadingActor):
             elif type(effect) is WatchConnection:
                 self._watched.add(effect.connection)
                 if effect.connection not in self._sinks:
-                    self._detached_since.setdefault(effect.connection, self._clock())
+                    self._detached_since.setdefault(effect.connection, self._monotonic())
             elif type(effect) is UnwatchConnection:
                 self._watched.discard(effect.connection)
                 self._detached_since.pop(effect.connection, None)

@@ -208,7 +208,7 @@ class CoordinatorClient:
         self._run_task: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name="pykka-delivery-coordinator-client", daemon=True
+            target=self._run_loop, name="pykka-delivery-coordinator-client", daemon=True
         )
         self._thread.start()
         self._thread_id = self._thread.ident
@@ -341,13 +341,22 @@ class CoordinatorClient:
             ConnectionRejected: wrong token.
             DeliveryTimeout: no answer within ``timeout``.
             CoordinatorUnavailable: the service failed the query.
+            ClosedError: the client is closed.
         """
         self._check_thread()
         timeout = self.settings.request_timeout if timeout is None else timeout
         request = pb.ListGroupsRequest()
         if namespace is not None:
             request.namespace = namespace
-        future = asyncio.run_coroutine_threadsafe(self._list_groups(request, timeout), self._loop)
+        query = self._list_groups(request, timeout)
+        try:
+            if self._closed:
+                raise RuntimeError
+            future = asyncio.run_coroutine_threadsafe(query, self._loop)
+        except RuntimeError:  # closed, or closing meanwhile (the loop is closed)
+            query.close()
+            msg = "CoordinatorClient is closed"
+            raise ClosedError(msg) from None
         return wire.groups_from_message(future.result())
 
     def close(self, *, goodbye: bool = True) -> None:
@@ -420,6 +429,13 @@ class CoordinatorClient:
             _fail(request, ClosedError("CoordinatorClient is closed"))
 
     # --- the client's thread ------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            # Also when `close` was called from a callback, with nobody left to do it.
+            self._loop.close()
 
     def _begin(self) -> None:
         self._channel = self._new_channel()

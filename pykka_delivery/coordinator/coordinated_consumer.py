@@ -11,7 +11,8 @@ Theory of operation:
 * Told to step down (``active=False``), it lets the delivery in flight be confirmed, then
   closes the `Consumer` (which acks what is confirmed to the producer) and only then
   answers ``activate``, so the coordinator activates the next consumer after this one
-  stopped: never two consumers of a group process at once.
+  stopped: never two consumers of a group process at once. Copies of the step-down sent
+  again before the next ``active`` are not answered again (see `_on_update`).
 * Cut off from the coordinator (the client's stream broke), it stops the same way,
   without answering: the coordinator cannot tell it apart from a crashed consumer and
   will give the group to another one after its ``disconnected_timeout``. When the
@@ -27,6 +28,8 @@ for a message closes the `Consumer` at once (the wait goes on, for the next acti
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -39,11 +42,15 @@ from pykka_delivery.actors.consumer_handle import Consumer
 from pykka_delivery.actors.messages import Delivery, Ref
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import TimerService
-from pykka_delivery.coordinator.client import ConnectionRejected, CoordinatorClient
+from pykka_delivery.coordinator.client import (
+    ConnectionRejected,
+    CoordinatorClient,
+    CoordinatorRefused,
+)
 from pykka_delivery.coordinator.commands import Registered
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
-from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError
+from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:
@@ -105,7 +112,9 @@ class CoordinatedConsumer:
 
     Raises:
         ValueError: both ``node`` and ``self_ref_factory``, or a bad group name.
-        CoordinatorRefused, ConnectionRejected, DeliveryTimeout: the registration failed.
+        CoordinatorRefused, ConnectionRejected: the registration failed.
+        DeliveryTimeout: no answer to the registration within ``timeout``; its removal
+            is queued behind it, so the abandoned consumer never blocks its group.
     """
 
     def __init__(
@@ -145,6 +154,9 @@ class CoordinatedConsumer:
         self._changed = threading.Condition(self._lock)
         self._told_active = False  # the coordinator's last word, while connected
         self._owe_activate = False  # told to step down; answer once stopped
+        # Answered a step-down since the last ``active``: a repeated step-down is not
+        # answered again (the first answer is delivered, queued across reconnects).
+        self._answered = False
         self._consumer: Consumer | None = None
         self._exposed: str | None = None  # the current Consumer's name on the node
         self._in_flight: Delivery | None = None
@@ -160,8 +172,14 @@ class CoordinatedConsumer:
                 partition_index=partition_index,
                 timeout=timeout,
             )
-        except BaseException:
+        except BaseException as error:
             client.remove_listener(self._on_connection)
+            if not isinstance(error, CoordinatorRefused | ConnectionRejected | ClosedError):
+                # A timed-out (or interrupted) registration stays queued in the client and
+                # would be applied later, for a consumer nobody iterates: in a simple group
+                # it would stay the active one for good. Queue its removal behind it.
+                with contextlib.suppress(DeliveryError):
+                    client.unregister(self.group, self.subscription_id, timeout=0)
             raise
 
     # --- the application's side ---------------------------------------------------------
@@ -314,6 +332,8 @@ class CoordinatedConsumer:
             return False
         self._stop_consumer(why)
         owed, self._owe_activate = self._owe_activate, False
+        if owed:
+            self._answered = True
         return owed
 
     def _confirm(self, delivery: Delivery) -> None:
@@ -330,7 +350,7 @@ class CoordinatedConsumer:
             self._confirmed += 1
             answer = not self._told_active and self._stop_if_idle("stepped down after confirming")
         if answer:
-            self._client.send_activate(self.group, self.subscription_id)
+            self._answer()
 
     def _on_update(self, update: SendConsumerUpdate) -> None:
         """On the client's thread: the coordinator's word for this subscription."""
@@ -340,15 +360,33 @@ class CoordinatedConsumer:
             elif update.active:
                 answer = False
                 self._told_active = True
+                self._answered = False
                 self._changed.notify_all()
+            elif self._consumer is None:
+                # The coordinator tells a deactivating consumer again when its group
+                # re-checks, and on every re-attach. One answer per step-down: a second
+                # one, arriving after this consumer was made active and told to step
+                # down anew, would count for that step-down while it still consumes.
+                self._told_active = False
+                answer = not self._answered
+                self._answered = True
             else:
                 self._told_active = False
-                answer = self._consumer is None
-                if not answer:
-                    self._owe_activate = True
-                    answer = self._stop_if_idle("stepping down")
+                self._owe_activate = True
+                answer = self._stop_if_idle("stepping down")
         if answer:
-            self._client.send_activate(self.group, self.subscription_id)
+            self._answer()
+
+    def _answer(self) -> None:
+        """Answer the step-down (not holding the lock). If the answer cannot be delivered
+        (the connection was refused), the next copy of the step-down is answered again."""
+        future = self._client.send_activate(self.group, self.subscription_id)
+        future.add_done_callback(self._answer_done)
+
+    def _answer_done(self, future: concurrent.futures.Future[Any]) -> None:
+        if future.cancelled() or isinstance(future.exception(), ConnectionRejected):
+            with self._lock:
+                self._answered = False
 
     def _on_connection(self, up: bool) -> None:
         """On the client's thread: cut off from the coordinator, stop consuming; it
@@ -359,6 +397,4 @@ class CoordinatedConsumer:
             self._told_active = False
             answer = self._stop_if_idle("connection to the coordinator lost")
         if answer:
-            self._client.send_activate(
-                self.group, self.subscription_id
-            )  # queued until the connection is back
+            self._answer()  # queued until the connection is back

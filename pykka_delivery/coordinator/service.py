@@ -176,12 +176,28 @@ class _Stream:
         self.owner = hello.owner
         self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
         self.sink = _Sink(asyncio.get_running_loop(), self.outbox)
+        self.task = asyncio.current_task()
+        self.replaced = False
+
+    def end_replaced(self) -> None:
+        """A newer stream of the same connection attached: end this one, so that a client
+        still on it (a process believed dead and replaced) learns it and stops."""
+        self.replaced = True
+        if self.task is not None:
+            self.task.cancel()
 
     async def run(self, hello_request_id: int) -> None:
         server, context = self.server, self.context
         writer = asyncio.create_task(self._write())
         goodbye = False
         try:
+            # The newest stream of a connection is the one the actor sends to (its Attach
+            # is queued after the older one's): the older stream ends, or its client would
+            # never learn that its updates now go elsewhere.
+            older = server._streams.get(self.connection)
+            server._streams[self.connection] = self
+            if older is not None:
+                older.end_replaced()
             await server._ask(Attach(self.connection, self.sink))
             server._counters.streams_attached += 1
             logger.info("Connection %r (node %s) attached", self.connection, self.node)
@@ -200,9 +216,29 @@ class _Stream:
                         "hello is sent once, first: open a new stream to reconnect",
                     )
                 self.outbox.put_nowait(await self._answer(message))
+        except asyncio.CancelledError:
+            if not self.replaced:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            # Usually a client that reconnected before this server saw its old stream
+            # end; if it repeats, two live processes share one connection_id.
+            logger.info(
+                "Connection %r attached again through a newer stream: ending this one",
+                self.connection,
+            )
+            await context.abort(
+                grpc.StatusCode.ABORTED,
+                f"connection {self.connection!r} attached again through a newer stream, "
+                "which replaces this one (if two live processes share this connection_id, "
+                "give each its own)",
+            )
         except _Unavailable as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         finally:
+            if server._streams.get(self.connection) is self:
+                del server._streams[self.connection]
             self.sink.open = False
             counter = "streams_closed" if goodbye else "streams_lost"
             setattr(server._counters, counter, getattr(server._counters, counter) + 1)
@@ -260,6 +296,7 @@ class CoordinatorServer:
         self.settings = settings or CoordinatorServerSettings()
         self.address = ""  # host:port, set by start
         self._counters = _Counters()
+        self._streams: dict[str, _Stream] = {}  # the newest stream of each connection (loop)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pykka-delivery-coordinator-server", daemon=True
@@ -281,9 +318,8 @@ class CoordinatorServer:
         future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
         try:
             port = future.result(timeout=30)
-        except Exception:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        except BaseException:
+            self._shut_down()  # the half-made gRPC server, the loop, the ask threads
             raise
         self.address = f"{self.settings.host}:{port}"
         logger.info("Coordinator service listening on %s", self.address)
@@ -292,8 +328,15 @@ class CoordinatorServer:
     def stop(self) -> None:
         """Stop serving: open streams end (their connections are lost to the coordinator,
         and come back when the clients reach a server again)."""
+        if self._thread.ident is None:  # never started
+            self._loop.close()
+            self._asks.shutdown(wait=False, cancel_futures=True)
+            return
         if not self._thread.is_alive():
             return
+        self._shut_down()
+
+    def _shut_down(self) -> None:
         future = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
         with contextlib.suppress(Exception):
             future.result(timeout=self.settings.shutdown_grace + 10)
@@ -323,9 +366,9 @@ class CoordinatorServer:
             min_ping_interval=s.min_ping_interval,
         )
         server = grpc.aio.server(options=options)
+        self._server = server  # stopped by `_stop` even if binding it fails
         pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
-        port, health = await start_server(server, f"{s.host}:{s.port}", s.tls, [SERVICE_NAME])
-        self._server, self._health = server, health
+        port, self._health = await start_server(server, f"{s.host}:{s.port}", s.tls, [SERVICE_NAME])
         return port
 
     async def _stop(self) -> None:

@@ -3,11 +3,24 @@ named, with its default. Durations are seconds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pykka_delivery.transport.settings import TlsSettings, _is_loopback
 
 __all__ = ["CoordinatorClientSettings", "CoordinatorServerSettings"]
+
+_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's options are 32-bit
+
+
+def _check_durations(owner: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if not (isinstance(value, int | float) and math.isfinite(value)):
+            msg = (
+                f"{type(owner).__name__}: {name} must be a finite number of seconds, got {value!r}"
+            )
+            raise ValueError(msg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +65,22 @@ class CoordinatorServerSettings:
     shutdown_grace: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_durations(
+            self,
+            (
+                "keepalive_time",
+                "keepalive_timeout",
+                "min_ping_interval",
+                "request_timeout",
+                "shutdown_grace",
+            ),
+        )
         checks = [
             (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
-            (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),
+            (
+                1024 <= self.max_message_bytes <= _MAX_MESSAGE_BYTES,
+                f"max_message_bytes must be 1024..{_MAX_MESSAGE_BYTES}",
+            ),
             (self.keepalive_time > 0, "keepalive_time must be above 0 seconds"),
             (self.keepalive_timeout > 0, "keepalive_timeout must be above 0 seconds"),
             (self.min_ping_interval > 0, "min_ping_interval must be above 0 seconds"),
@@ -115,6 +141,19 @@ class CoordinatorClientSettings:
     max_message_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        _check_durations(
+            self,
+            (
+                "keepalive_time",
+                "keepalive_timeout",
+                "reconnect_backoff_min",
+                "reconnect_backoff_max",
+                "connect_timeout",
+                "request_timeout",
+                "close_timeout",
+                "orphan_grace",
+            ),
+        )
         checks = [
             (self.keepalive_time > 0, "keepalive_time must be above 0 seconds"),
             (self.keepalive_timeout > 0, "keepalive_timeout must be above 0 seconds"),
@@ -126,7 +165,10 @@ class CoordinatorClientSettings:
             (self.request_timeout > 0, "request_timeout must be above 0 seconds"),
             (self.close_timeout >= 0, "close_timeout must be 0 seconds or more"),
             (self.orphan_grace >= 0, "orphan_grace must be 0 seconds or more"),
-            (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),
+            (
+                1024 <= self.max_message_bytes <= _MAX_MESSAGE_BYTES,
+                f"max_message_bytes must be 1024..{_MAX_MESSAGE_BYTES}",
+            ),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
         ]
         for ok, problem in checks:

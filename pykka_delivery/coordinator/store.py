@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import functools
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -46,6 +47,8 @@ __all__ = [
     "decode_command",
     "encode_command",
 ]
+
+logger = logging.getLogger("pykka_delivery.coordinator.store")
 
 DEFAULT_SNAPSHOT_EVERY = 1000
 """Default number of appended commands after which a log writes a snapshot."""
@@ -155,7 +158,8 @@ class SqliteCommandLog:
             or ``"EXTRA"``.
 
     Raises:
-        CommandLogError: the file was written by a newer schema version.
+        CommandLogError: the file was written by a newer schema version, or SQLite cannot
+            read it (not a database, corrupt).
         ValueError: a setting is out of range.
     """
 
@@ -177,15 +181,28 @@ class SqliteCommandLog:
         # thread than the one that runs it): the lock serializes, so the thread check goes.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            self._open(conn, synchronous.upper())
+            try:
+                self._open(conn, synchronous.upper())
+                self._since_snapshot = self._count_log_rows(conn)
+            except sqlite3.OperationalError:
+                raise  # locked, read-only, I/O: the file may be fine
+            except sqlite3.DatabaseError as error:  # not a database, corrupt
+                raise self._unreadable(error) from error
         except BaseException:
             conn.close()
             raise
         self._conn: sqlite3.Connection | None = conn
-        self._since_snapshot = self._count_log_rows(conn)
 
     def __repr__(self) -> str:
         return f"SqliteCommandLog({str(self.path)!r})"
+
+    def _unreadable(self, error: sqlite3.DatabaseError) -> CommandLogError:
+        msg = (
+            f"coordinator store {self.path}: SQLite cannot read it ({error}). Restore the "
+            f"file from a backup, or move it away to start with an empty coordinator (its "
+            f"clients register again)."
+        )
+        return CommandLogError(msg)
 
     def _open(self, conn: sqlite3.Connection, synchronous: str) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -215,9 +232,14 @@ class SqliteCommandLog:
     def load(self) -> CoordinatorState:
         with self._lock:
             conn = self._connection()
-            with conn:  # one read transaction: the snapshot and the rows after it agree
-                conn.execute("BEGIN")
-                return self._load(conn)[0]
+            try:
+                with conn:  # one read transaction: the snapshot and the rows after it agree
+                    conn.execute("BEGIN")
+                    return self._load(conn)[0]
+            except sqlite3.OperationalError:
+                raise  # locked, I/O: the file may be fine
+            except sqlite3.DatabaseError as error:  # corrupt
+                raise self._unreadable(error) from error
 
     def append(self, command: Command) -> None:
         kind, body = encode_command(command)
@@ -228,7 +250,17 @@ class SqliteCommandLog:
                 conn.execute("INSERT INTO log (kind, body) VALUES (?, ?)", (kind, body))
             self._since_snapshot += 1
             if self._since_snapshot >= self._snapshot_every:
-                self._compact(conn)
+                # The command is committed: a failed compaction must not report it as not
+                # stored (the actor would not apply what a restart replays). It is retried
+                # at the next append.
+                try:
+                    self._compact(conn)
+                except (sqlite3.Error, CommandLogError):
+                    logger.warning(
+                        "Compaction of %s failed; retried at the next append",
+                        self.path,
+                        exc_info=True,
+                    )
 
     def compact(self) -> None:
         """Write a snapshot of the stored state now and delete the commands it covers."""
@@ -262,7 +294,7 @@ class SqliteCommandLog:
             last_seq = row[0]
             try:
                 state = decode_state(json.loads(row[1]))
-            except (ValueError, TypeError, KeyError) as error:
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
                 msg = (
                     f"coordinator store {self.path}: unreadable snapshot (seq {last_seq}): {error}"
                 )

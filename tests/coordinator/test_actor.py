@@ -417,3 +417,81 @@ def test_an_unreadable_store_fails_start(tmp_path: Path) -> None:
 
     with pytest.raises(CommandLogError, match="unknown command kind"):
         start(SqliteCommandLog(path))
+
+
+# --- review regressions ----------------------------------------------------------------------
+
+
+def test_the_sweep_is_not_fooled_by_a_jump_of_the_wall_clock(board: Board) -> None:
+    # Staleness was measured on the injected wall clock: a step forward (NTP, a resumed
+    # VM) purged a connection at the next sweep, and its group was handed over while the
+    # client might still be consuming.
+    wall = [1_000_000.0]
+    timers = ManualTimerService()
+    ref = CoordinatorActor.start(
+        None,
+        CoordinatorSettings(disconnected_timeout=60.0),
+        clock=lambda: wall[0],
+        timer_service=timers,
+        sweep_interval=30.0,
+    )
+    register(ref, "a")  # never attached: stale 60 s from now, by the sweep's reckoning
+    sweep = next(e for e in timers.entries if e.due == 30.0)
+    wall[0] += 3600.0
+
+    sweep.callback()
+
+    assert labels(ref) == {"a": "active (connected)"}
+    assert ref.proxy().statistics().get().connections_purged == 0
+
+
+class _UnreadableLog(MemoryCommandLog):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def load(self) -> Any:
+        msg = "coordinator store x: unreadable snapshot"
+        raise CommandLogError(msg)
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
+def test_a_start_that_fails_on_the_log_closes_it() -> None:
+    log = _UnreadableLog()
+
+    with pytest.raises(CommandLogError):
+        start(log)
+
+    assert log.closed, "the actor owns the log: nobody else closes it"
+
+
+def test_a_failed_attach_leaves_no_collection_of_sent_updates_behind(board: Board) -> None:
+    # An Attach collects what it sends, to skip re-sending it; a failure in the middle
+    # used to leave the collection on, growing with every update sent afterwards.
+    class FailingLog(MemoryCommandLog):
+        fail = False
+
+        def append(self, command: Command) -> None:
+            if self.fail:
+                msg = "disk full"
+                raise OSError(msg)
+            super().append(command)
+
+    class Inspectable(CoordinatorActor):
+        def collecting(self) -> bool:
+            return self._just_sent is not None
+
+    log = FailingLog()
+    ref = Inspectable.start(log, SETTINGS)
+    a = attach(ref, board, "a")
+    register(ref, "a")
+    detach(ref, a)  # a is disconnected: attaching it again applies ConnectionReconnected
+    log.fail = True
+
+    with pytest.raises(OSError, match="disk full"):
+        attach(ref, board, "a")
+
+    assert ref.proxy().collecting().get() is False

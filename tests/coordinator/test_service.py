@@ -10,6 +10,7 @@ activation, and no two activations of a group overlapping.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import itertools
 import logging
@@ -17,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pykka
@@ -45,7 +46,7 @@ from pykka_delivery.coordinator import (
     Registered,
     SendConsumerUpdate,
 )
-from pykka_delivery.errors import DeliveryTimeout
+from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
 from pykka_delivery.transport import Node
@@ -54,6 +55,7 @@ from tests.tcp_proxy import TcpProxy
 WAIT = 10.0  # the most any wait lasts
 TIMEOUT = 0.3  # the coordinator's disconnected timeout in these tests, seconds
 GROUP = GroupId("test", "orders", "billing")
+GROUP_FIELDS = (GROUP.namespace, GROUP.stream, GROUP.name)
 FAST = CoordinatorClientSettings(
     reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
 )
@@ -674,3 +676,193 @@ def test_closing_the_active_coordinated_consumer_hands_a_simple_group_over(
     assert ledger.by("first") == 700
     assert [len(first.intervals()), len(second.intervals())] == [1, 1]
     producer.close()
+
+
+# --- review regressions ----------------------------------------------------------------------
+
+
+class _NoProducer:
+    """A producer ref for consumers that never get to consume."""
+
+    def tell(self, message: object) -> None:
+        pass
+
+
+def test_a_coordinated_consumer_whose_registration_timed_out_leaves_no_consumer_behind(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    # The registration stays queued after the timeout; without clean-up it was applied
+    # once the client connected, and the abandoned consumer became the group's active one
+    # for good: nobody iterates it, and a simple group never steps its active one down.
+    port = int(server.address.rsplit(":", 1)[1])
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        proxy.refuse(True)
+        client = connect(clients, f"{proxy.address[0]}:{proxy.address[1]}")
+        with pytest.raises(DeliveryTimeout):
+            CoordinatedConsumer(
+                client, GROUP.namespace, GROUP.stream, GROUP.name, _NoProducer(), timeout=0.2
+            )
+        proxy.refuse(False)
+        assert client.wait_connected(WAIT)
+        client.unregister(GroupId("test", "other", "other"), 1)  # after what was queued
+
+        other = Member(connect(clients, server.address))
+
+        assert other.register() == Registered(True)
+        assert statuses(other.client) == [(other.client.connection_id, "active (connected)")]
+
+
+def test_a_server_that_fails_to_start_releases_its_loop_and_threads() -> None:
+    actor = CoordinatorActor.start()
+    try:
+        server = CoordinatorServer(
+            actor, CoordinatorServerSettings(host="256.0.0.1", allow_insecure=True)
+        )
+        with pytest.raises(RuntimeError, match="bind"):
+            server.start()
+
+        assert server._loop.is_closed()  # its selector's descriptors are freed
+        assert not server._thread.is_alive()
+        server.stop()  # still harmless
+    finally:
+        actor.stop()
+
+
+def test_list_groups_of_a_closed_client_raises_closed_error(server: CoordinatorServer) -> None:
+    client = CoordinatorClient(server.address, settings=FAST)
+    client.close()
+
+    with pytest.raises(ClosedError):
+        client.list_groups(timeout=1.0)
+
+
+def test_a_client_closed_from_its_own_callback_closes_its_loop(server: CoordinatorServer) -> None:
+    client = CoordinatorClient(server.address, settings=FAST)
+    closed = threading.Event()
+
+    def close_when_up(up: bool) -> None:
+        if up:
+            client.close(goodbye=False)  # from the client's thread: it finishes later
+            closed.set()
+
+    client.add_listener(close_when_up)
+    assert client.wait_connected(WAIT) and closed.wait(WAIT)
+    client._thread.join(WAIT)
+
+    assert client._loop.is_closed()  # its selector's descriptors are freed
+
+
+def test_a_second_stream_of_a_connection_ends_the_first_one(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    # The newest stream of a connection gets its updates; the older one was left open,
+    # so a process still on it (a hung process its supervisor replaced, reusing its
+    # connection id) went on consuming, never told it had been replaced, while the new
+    # one was told active too.
+    old = Member(connect(clients, server.address, connection_id="svc-1"))
+    assert old.register() == Registered(True)
+    assert old.next_link_event() is True and old.next_update().active
+
+    new = Member(connect(clients, server.address, connection_id="svc-1"))
+    new.register()
+
+    assert new.next_update().active
+    assert old.next_link_event(timeout=2.0) is False, "the old stream was ended"
+    old.client.close(goodbye=False)  # a hung process would be killed now
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (CoordinatorServerSettings, "keepalive_time"),
+        (CoordinatorServerSettings, "request_timeout"),
+        (CoordinatorServerSettings, "shutdown_grace"),
+        (CoordinatorClientSettings, "keepalive_timeout"),
+        (CoordinatorClientSettings, "reconnect_backoff_max"),
+        (CoordinatorClientSettings, "close_timeout"),
+    ],
+)
+def test_durations_must_be_finite(settings: Any, field: str) -> None:
+    # An infinite duration passed the checks and failed later, far from its cause: in
+    # gRPC's options (OverflowError on the client's thread, which then never connected).
+    with pytest.raises(ValueError, match=field):
+        settings(**{field: float("inf")})
+
+
+class _FakeClient:
+    """Just enough of a `CoordinatorClient` to drive a `CoordinatedConsumer` by hand."""
+
+    connection_id = "fake"
+
+    def __init__(self) -> None:
+        self.on_update: Callable[[SendConsumerUpdate], None] | None = None
+        self.answers: list[tuple[GroupId, int | None]] = []
+        self.refuse = False
+
+    def next_subscription_id(self) -> int:
+        return 1
+
+    def add_listener(self, listener: Callable[[bool], None]) -> None:
+        pass
+
+    def remove_listener(self, listener: Callable[[bool], None]) -> None:
+        pass
+
+    def register(
+        self, group: GroupId, subscription_id: int, on_update: Any, **kw: Any
+    ) -> Registered:
+        self.on_update = on_update
+        return Registered(False)
+
+    def unregister(self, group: GroupId, subscription_id: int, **kw: Any) -> None:
+        pass
+
+    def send_activate(
+        self, group: GroupId, subscription_id: int | None = None
+    ) -> concurrent.futures.Future[Any]:
+        self.answers.append((group, subscription_id))
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self.refuse:
+            future.set_exception(ConnectionRejected("UNAUTHENTICATED", "wrong token"))
+        else:
+            future.set_result(None)
+        return future
+
+
+def test_a_repeated_step_down_is_answered_once_per_activation() -> None:
+    # The machine tells a deactivating consumer again whenever its group re-checks, and
+    # an Attach re-sends it. Answering each copy sent a second, late answer that counts
+    # for the next step-down of the same consumer once it is active again: the next
+    # consumer then started while this one still processed.
+    client = _FakeClient()
+    consumer = CoordinatedConsumer(
+        cast(CoordinatorClient, client), *GROUP_FIELDS, _NoProducer(), subscription_id=1
+    )
+    assert client.on_update is not None
+    step_down = SendConsumerUpdate("fake", 1, GROUP, active=False)
+
+    client.on_update(step_down)
+    client.on_update(step_down)  # told again before its answer arrived
+
+    assert client.answers == [(GROUP, 1)]
+    client.on_update(SendConsumerUpdate("fake", 1, GROUP, active=True))
+    client.on_update(step_down)  # a new step-down, after a new activation
+    assert client.answers == [(GROUP, 1), (GROUP, 1)]
+    consumer.close(unregister=False)
+
+
+def test_a_step_down_whose_answer_was_refused_is_answered_again() -> None:
+    client = _FakeClient()
+    consumer = CoordinatedConsumer(
+        cast(CoordinatorClient, client), *GROUP_FIELDS, _NoProducer(), subscription_id=1
+    )
+    assert client.on_update is not None
+    step_down = SendConsumerUpdate("fake", 1, GROUP, active=False)
+    client.refuse = True
+    client.on_update(step_down)  # its answer fails at once: never delivered
+    client.refuse = False
+
+    client.on_update(step_down)
+
+    assert client.answers == [(GROUP, 1), (GROUP, 1)]
+    consumer.close(unregister=False)

@@ -291,3 +291,52 @@ def test_a_snapshot_keeps_the_settings(tmp_path: Path) -> None:
     log.close()
 
     assert SqliteCommandLog(path).load().settings == CoordinatorSettings(1.5, 0.5)
+
+
+# --- review regressions ----------------------------------------------------------------------
+
+
+def test_a_failed_compaction_does_not_fail_the_append_it_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command is committed before the compaction runs: raising then told the actor
+    # "not stored", so it did not apply a command that a restart would replay.
+    path = tmp_path / "coordinator.db"
+    log = SqliteCommandLog(path, snapshot_every=2)
+    log.append(register("c1"))
+
+    def disk_full(conn: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(log, "_compact", disk_full)
+    log.append(register("c2"))  # does not raise
+    monkeypatch.undo()
+    log.append(register("c3"))  # compacts now
+    log.close()
+
+    assert SqliteCommandLog(path).load() == replay([register("c1"), register("c2"), register("c3")])
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM log").fetchone()[0] == 0
+
+
+def test_a_file_that_is_not_a_database_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.db"
+    path.write_bytes(b"this is not an SQLite database, it is a text file" * 100)
+
+    with pytest.raises(CommandLogError) as error:
+        SqliteCommandLog(path)
+
+    assert str(path) in str(error.value)
+    assert "not a database" in str(error.value)
+
+
+def test_a_snapshot_that_is_not_an_object_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.db"
+    SqliteCommandLog(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO snapshot (id, seq, body) VALUES (1, 0, '[]')")
+
+    with pytest.raises(CommandLogError, match="unreadable snapshot") as error:
+        SqliteCommandLog(path).load()
+
+    assert str(path) in str(error.value)
