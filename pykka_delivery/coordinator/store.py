@@ -156,10 +156,12 @@ class SqliteCommandLog:
             commands it covers. Default `DEFAULT_SNAPSHOT_EVERY` (1000).
         synchronous: SQLite's ``PRAGMA synchronous``: ``"NORMAL"`` (default), ``"FULL"``
             or ``"EXTRA"``.
+        lock_timeout: how long to wait for a file another coordinator holds, in seconds
+            (the log locks its file while open). Default 5.
 
     Raises:
-        CommandLogError: the file was written by a newer schema version, or SQLite cannot
-            read it (not a database, corrupt).
+        CommandLogError: the file was written by a newer schema version, SQLite cannot
+            read it (not a database, corrupt), or another coordinator holds it.
         ValueError: a setting is out of range.
     """
 
@@ -169,8 +171,12 @@ class SqliteCommandLog:
         *,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         synchronous: str = "NORMAL",
+        lock_timeout: float = 5.0,
     ) -> None:
         _check_snapshot_every(snapshot_every)
+        if not 0 <= lock_timeout < float("inf"):
+            msg = f"lock_timeout must be finite seconds >= 0, got {lock_timeout!r}"
+            raise ValueError(msg)
         if synchronous.upper() not in _SYNCHRONOUS:
             msg = f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
             raise ValueError(msg)
@@ -179,13 +185,17 @@ class SqliteCommandLog:
         self._lock = threading.Lock()
         # One owner at a time (the coordinator actor, which may be created in another
         # thread than the one that runs it): the lock serializes, so the thread check goes.
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            self.path, timeout=lock_timeout, isolation_level=None, check_same_thread=False
+        )
         try:
             try:
                 self._open(conn, synchronous.upper())
                 self._since_snapshot = self._count_log_rows(conn)
-            except sqlite3.OperationalError:
-                raise  # locked, read-only, I/O: the file may be fine
+            except sqlite3.OperationalError as error:
+                if "locked" in str(error):
+                    raise self._taken(error, lock_timeout) from error
+                raise  # read-only, I/O: the file may be fine
             except sqlite3.DatabaseError as error:  # not a database, corrupt
                 raise self._unreadable(error) from error
         except BaseException:
@@ -195,6 +205,14 @@ class SqliteCommandLog:
 
     def __repr__(self) -> str:
         return f"SqliteCommandLog({str(self.path)!r})"
+
+    def _taken(self, error: sqlite3.OperationalError, lock_timeout: float) -> CommandLogError:
+        msg = (
+            f"coordinator store {self.path}: another coordinator has it open (still locked "
+            f"after {lock_timeout} s: {error}). Stop that one first, or give this one a "
+            f"file of its own: two coordinators on one store would interleave their logs."
+        )
+        return CommandLogError(msg)
 
     def _unreadable(self, error: sqlite3.DatabaseError) -> CommandLogError:
         msg = (
@@ -213,7 +231,12 @@ class SqliteCommandLog:
                 f"version that wrote it."
             )
             raise CommandLogError(msg)
+        # One coordinator per file: the lock taken here is held until close (or until the
+        # process dies, when the OS releases it, so a restart finds it free).
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
         conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("COMMIT")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.executescript(_SCHEMA)
         conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")

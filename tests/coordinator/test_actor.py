@@ -10,6 +10,7 @@ within the (short) disconnected timeout.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -412,7 +413,7 @@ def test_settings_that_differ_from_the_stored_ones_are_applied_and_logged() -> N
 def test_an_unreadable_store_fails_start(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
     SqliteCommandLog(path).close()
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("INSERT INTO log (kind, body) VALUES ('Teleport', '{}')")
 
     with pytest.raises(CommandLogError, match="unknown command kind"):

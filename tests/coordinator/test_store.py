@@ -3,9 +3,11 @@ compaction, and the errors for stores it cannot read."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tempfile
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,18 @@ from pykka_delivery.coordinator import (
 )
 from pykka_delivery.coordinator.store import decode_command, encode_command
 from pykka_delivery.errors import ClosedError
+
+
+@contextlib.contextmanager
+def raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain connection to a store that no log holds open, committed and closed after."""
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
+
 
 ONE_OF_EACH: list[Command] = [
     RegisterConsumer("ns", "orders-1", "app", "conn-a", 3, "node-1", 1, "client a"),
@@ -129,7 +143,7 @@ def test_the_store_is_one_file_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
     SqliteCommandLog(path).close()
 
-    with sqlite3.connect(path) as conn:
+    with raw(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -151,11 +165,12 @@ def test_compaction_writes_a_snapshot_and_deletes_the_rows_it_covers(tmp_path: P
 
     for command in commands:
         log.append(command)
+    assert log.load() == replay(commands)
+    log.close()
 
-    with sqlite3.connect(path) as conn:
+    with raw(path) as conn:
         assert [r[0] for r in conn.execute("SELECT seq FROM log ORDER BY seq")] == [11, 12]
         assert conn.execute("SELECT seq FROM snapshot").fetchone()[0] == 10
-    assert log.load() == replay(commands)
 
 
 def test_commands_after_a_compaction_that_emptied_the_log_are_kept(tmp_path: Path) -> None:
@@ -175,11 +190,12 @@ def test_an_unknown_kind_in_the_file_is_refused_naming_the_file_and_row(tmp_path
     path = tmp_path / "coordinator.db"
     log = SqliteCommandLog(path)
     log.append(register("c1"))
-    with sqlite3.connect(path) as conn:
+    log.close()
+    with raw(path) as conn:
         conn.execute("INSERT INTO log (kind, body) VALUES ('Teleport', '{}')")
 
     with pytest.raises(CommandLogError) as error:
-        log.load()
+        SqliteCommandLog(path).load()
 
     assert str(path) in str(error.value)
     assert "row seq=2" in str(error.value)
@@ -188,7 +204,7 @@ def test_an_unknown_kind_in_the_file_is_refused_naming_the_file_and_row(tmp_path
 
 def test_a_store_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
-    with sqlite3.connect(path) as conn:
+    with raw(path) as conn:
         conn.execute("PRAGMA user_version=99")
 
     with pytest.raises(CommandLogError, match="schema version 99"):
@@ -314,8 +330,10 @@ def test_a_failed_compaction_does_not_fail_the_append_it_follows(
     log.append(register("c3"))  # compacts now
     log.close()
 
-    assert SqliteCommandLog(path).load() == replay([register("c1"), register("c2"), register("c3")])
-    with sqlite3.connect(path) as conn:
+    reopened = SqliteCommandLog(path)
+    assert reopened.load() == replay([register("c1"), register("c2"), register("c3")])
+    reopened.close()
+    with raw(path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM log").fetchone()[0] == 0
 
 
@@ -333,10 +351,27 @@ def test_a_file_that_is_not_a_database_is_refused_naming_the_file(tmp_path: Path
 def test_a_snapshot_that_is_not_an_object_is_refused_naming_the_file(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
     SqliteCommandLog(path).close()
-    with sqlite3.connect(path) as conn:
+    with raw(path) as conn:
         conn.execute("INSERT INTO snapshot (id, seq, body) VALUES (1, 0, '[]')")
 
     with pytest.raises(CommandLogError, match="unreadable snapshot") as error:
         SqliteCommandLog(path).load()
 
     assert str(path) in str(error.value)
+
+
+def test_a_store_another_coordinator_has_open_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.sqlite"
+    first = SqliteCommandLog(path)
+    try:
+        with pytest.raises(CommandLogError, match="another coordinator has it open") as caught:
+            SqliteCommandLog(path, lock_timeout=0.1)
+        assert str(path) in str(caught.value)
+    finally:
+        first.close()
+    SqliteCommandLog(path).close()  # free again once the first is closed
+
+
+def test_lock_timeout_must_be_finite() -> None:
+    with pytest.raises(ValueError, match="lock_timeout"):
+        SqliteCommandLog(":memory:", lock_timeout=float("inf"))
