@@ -11,22 +11,32 @@ Theory of operation:
   registers every subscription again (the coordinator's `RegisterConsumer` is idempotent
   for a known ``(connection, subscription_id)``: it changes nothing and replies the
   status), then re-sends the requests that were not answered yet, in order. A request
-  therefore never fails because of a reconnect; a blocking call may time out meanwhile,
-  and the request is still sent.
+  therefore never fails because of a reconnect (except an answer to a step-down, below);
+  a blocking call may time out meanwhile, and the request is still sent. A registration
+  the coordinator refuses on a new stream drops the subscription (``on_refused``).
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout) on the client's channel and on
   the server; there is no heartbeat message. The client learns a connection is broken
   within ``keepalive_time + keepalive_timeout``; keep that well below the coordinator's
   ``disconnected_timeout`` (default 60 s), so that a client cut off from the coordinator
   stops consuming (see `CoordinatedConsumer`) before the coordinator gives its place to
   another consumer.
-* `close` sends ``Goodbye`` (the coordinator removes the consumers at once);
-  ``close(goodbye=False)`` leaves as a crash would (they wait, disconnected, for the
-  timeout).
+* An answer to a step-down (an identified ``Activate``) is not re-sent on a new stream:
+  the coordinator re-sends the step-downs still pending when the stream attaches, and the
+  consumer answers them again. Re-sent, an answer to an earlier step-down could count for
+  a later step-down of the same consumer (docs/coordinator.md, "Service and client").
+* `close` sends ``Goodbye`` (the coordinator removes the consumers at once), but first
+  tells the listeners the connection is down and waits, up to ``close_timeout``, for what
+  they return (a `CoordinatedConsumer`: its delivery in flight confirmed and its
+  `Consumer` stopped); if they are not done by then it closes without goodbye, so that
+  nobody else is given a group while one of its messages is still being processed.
+  ``close(goodbye=False)`` leaves as a crash would (the consumers wait, disconnected, for
+  the coordinator's ``disconnected_timeout``).
 
 Threads: callbacks (``on_update``, connection listeners) run on the client's thread, one
 at a time, in the order the coordinator sent. Keep them quick. Blocking calls of the
 client from a callback would wait for that very thread: they raise `LocalProtocolError`;
-use `send_activate` there.
+use `send_activate` / `send_unregister` there. `close` from a callback does not wait: it
+finishes on the client's thread once the callback returns.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -75,6 +86,7 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 OnUpdate = Callable[[SendConsumerUpdate], None]
+Listener = Callable[[bool], object]
 
 # Refusals of the stream itself that retrying as is will not fix (a configuration error).
 _REJECTIONS = frozenset(
@@ -128,7 +140,9 @@ class ConnectionRejected(DeliveryError):
 
 
 class CoordinatorUnavailable(DeliveryError):
-    """A query could not reach the coordinator service, or it could not answer."""
+    """A query could not reach the coordinator service, or it could not answer; or an
+    answer to a step-down was dropped because the stream broke before it was answered
+    (it is not re-sent; the coordinator re-sends the step-down if it is still pending)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +151,7 @@ class _Subscription:
     subscription_id: int
     partition_index: int
     on_update: OnUpdate
+    on_refused: Callable[[CoordinatorRefused], None] | None = None
 
 
 @dataclass(slots=True)
@@ -190,7 +205,7 @@ class CoordinatorClient:
         self._closed = False
         self._close_lock = threading.Lock()
         self._attached = threading.Event()
-        self._listeners: list[Callable[[bool], None]] = []
+        self._listeners: list[Listener] = []
         # Owned by the client's thread:
         self._subscriptions: dict[tuple[GroupId, int], _Subscription] = {}
         self._pending: dict[int, _Request] = {}
@@ -202,6 +217,8 @@ class CoordinatorClient:
         self._outbox: asyncio.Queue[pb.ClientMessage | None] | None = None
         self._call: Any = None
         self._rejected: ConnectionRejected | None = None
+        self._streams_accepted = 0
+        self._attaches = 0
         self._stopping = False
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
@@ -229,12 +246,17 @@ class CoordinatorClient:
         """A subscription id not handed out before by this client (1, 2, ...)."""
         return next(self._subscription_ids)
 
-    def add_listener(self, listener: Callable[[bool], None]) -> None:
+    def add_listener(self, listener: Listener) -> None:
         """Call ``listener(True)`` when a stream is attached and ``listener(False)`` when
-        it breaks or the client closes (on the client's thread: keep it quick)."""
+        it breaks or the client closes (on the client's thread: keep it quick).
+
+        Told ``False`` by `close`, a listener may return a `concurrent.futures.Future`
+        that is done once it has stopped consuming: the goodbye waits for it, up to
+        ``close_timeout`` (a `CoordinatedConsumer` returns one while its delivery in
+        flight is not confirmed). Anything else it returns is ignored."""
         self._listeners.append(listener)
 
-    def remove_listener(self, listener: Callable[[bool], None]) -> None:
+    def remove_listener(self, listener: Listener) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
 
@@ -246,6 +268,7 @@ class CoordinatorClient:
         *,
         partition_index: int = SIMPLE,
         timeout: float | None = None,
+        on_refused: Callable[[CoordinatorRefused], None] | None = None,
     ) -> Registered:
         """Register subscription ``subscription_id`` of this connection in ``group``.
 
@@ -253,6 +276,11 @@ class CoordinatorClient:
         for it: ``active=True``, start consuming; ``active=False``, step down: finish,
         stop, then answer with `send_activate` (or `activate`). Registering again (same
         group and id) replaces ``on_update`` and changes nothing else.
+
+        Every new stream registers the subscription again. If the coordinator refuses
+        that (it lost the consumer, and the group now has another partition index), the
+        subscription is dropped: no more updates come for it, and ``on_refused`` is
+        called (on the client's thread) with the `CoordinatorRefused`.
 
         Returns:
             `Registered`; whether it is active now. Consuming starts with the update.
@@ -274,7 +302,7 @@ class CoordinatorClient:
             self.node,
             partition_index,
         )
-        sub = _Subscription(group, subscription_id, partition_index, on_update)
+        sub = _Subscription(group, subscription_id, partition_index, on_update, on_refused)
         request_id = next(self._request_ids)
         message = wire.register_message(request_id, group, subscription_id, partition_index)
         result = self._wait(_Request(message, concurrent.futures.Future(), sub), timeout)
@@ -291,11 +319,17 @@ class CoordinatorClient:
             ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
                 `activate`.
         """
-        UnregisterConsumer(
-            group.namespace, group.stream, group.name, self.connection_id, subscription_id
-        )
-        message = wire.unregister_message(next(self._request_ids), group, subscription_id)
-        self._wait(_Request(message, concurrent.futures.Future(), forgiving=True), timeout)
+        self._wait(self._unregister_request(group, subscription_id), timeout)
+
+    def send_unregister(
+        self, group: GroupId, subscription_id: int
+    ) -> concurrent.futures.Future[Any]:
+        """`unregister` without waiting (from any thread, callbacks included); the future
+        holds the outcome. A failure is logged."""
+        request = self._unregister_request(group, subscription_id)
+        request.future.add_done_callback(partial(_log_failure, "Unregister"))
+        self._post(request)
+        return request.future
 
     def activate(
         self,
@@ -314,7 +348,11 @@ class CoordinatorClient:
             CoordinatorRefused: ``"group_not_found"``.
             ConnectionRejected: the service refused the connection (a wrong token).
             DeliveryTimeout: no answer within ``timeout`` (default: the settings'
-                ``request_timeout``); the request stays queued.
+                ``request_timeout``); the request stays queued (an identified answer,
+                until the stream breaks).
+            CoordinatorUnavailable: an identified answer, dropped because the stream
+                broke before it was answered; answer the step-down again if the
+                coordinator sends it again.
             ClosedError: the client is closed.
             LocalProtocolError: called on the client's thread (from a callback).
         """
@@ -328,7 +366,7 @@ class CoordinatorClient:
         holds the outcome. A refusal is logged."""
         message = self._activate_message(group, subscription_id)
         request = _Request(message, concurrent.futures.Future())
-        request.future.add_done_callback(_log_failure)
+        request.future.add_done_callback(partial(_log_failure, "Activate"))
         self._post(request)
         return request.future
 
@@ -363,7 +401,16 @@ class CoordinatorClient:
         """Close the connection. With ``goodbye`` (the default) the coordinator removes
         this connection's consumers at once (the next ones take over); without, it
         treats the connection as lost, as after a crash. Unanswered requests fail with
-        `ClosedError`; listeners are told ``False``. Idempotent."""
+        `ClosedError`; listeners are told ``False``. Idempotent.
+
+        The goodbye waits, up to ``close_timeout``, until the listeners have stopped
+        consuming (every `CoordinatedConsumer` of this client has its delivery in flight
+        confirmed and its `Consumer` stopped): then the next consumers cannot start
+        while this process still handles a message. If they have not stopped by then,
+        the client closes without goodbye (logged at WARNING): the coordinator hands
+        the groups over after its ``disconnected_timeout``. So do not close the client
+        from a thread that still has to confirm a delivery. From a callback, `close`
+        returns at once and finishes on the client's thread."""
         with self._close_lock:
             if self._closed:
                 return
@@ -373,7 +420,9 @@ class CoordinatorClient:
         if threading.get_ident() == self._thread_id:
             return  # from a callback: it finishes once the callback returns
         with contextlib.suppress(Exception):
-            future.result(timeout=self.settings.close_timeout + 5)
+            # Waits for the consumers to stop, for the server's end of the stream, then
+            # for gRPC's tasks: each up to close_timeout.
+            future.result(timeout=3 * self.settings.close_timeout + 5)
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
@@ -387,6 +436,13 @@ class CoordinatorClient:
         self.close()
 
     # --- requests (caller's thread) -----------------------------------------------------
+
+    def _unregister_request(self, group: GroupId, subscription_id: int) -> _Request:
+        UnregisterConsumer(
+            group.namespace, group.stream, group.name, self.connection_id, subscription_id
+        )
+        message = wire.unregister_message(next(self._request_ids), group, subscription_id)
+        return _Request(message, concurrent.futures.Future(), forgiving=True)
 
     def _activate_message(self, group: GroupId, subscription_id: int | None) -> pb.ClientMessage:
         if subscription_id is None:
@@ -470,23 +526,64 @@ class CoordinatorClient:
         s = self.settings
         delay = s.reconnect_backoff_min
         while not self._stopping:
-            attached = await self._session()
+            attaches = self._attaches
+            try:
+                await self._session()
+            except Exception:
+                # A bug, or a message this client cannot handle: without this the task
+                # would end, and the client would never reconnect.
+                logger.exception(
+                    "The stream to the coordinator at %s failed unexpectedly; reconnecting",
+                    self.address,
+                )
             if self._stopping:
                 return
-            if attached:
+            if self._attaches != attaches:
                 delay = s.reconnect_backoff_min
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(s.reconnect_backoff_max, delay * 2)
 
-    async def _session(self) -> bool:
-        """One stream, from hello to its end; True if it was attached."""
+    async def _session(self) -> None:
+        """One stream, from hello to its end."""
         assert self._channel is not None
         try:
             await asyncio.wait_for(self._channel.channel_ready(), self.settings.connect_timeout)
         except TimeoutError:
             logger.info("Coordinator at %s unreachable; retrying", self.address)
-            return False
+            return
         call = self._stub.Connect(metadata=self._metadata)
+        writer: asyncio.Task[None] | None = None
+        try:
+            if not await self._accepted(call):
+                return
+            hello_id, outbox = self._first_messages()
+            self._outbox, self._call = outbox, call
+            writer = self._loop.create_task(_write(call, outbox))
+            try:
+                while True:
+                    message = await call.read()
+                    if message is grpc.aio.EOF:
+                        break
+                    if message.WhichOneof("body") == "update":
+                        self._on_update(message.update)
+                    elif message.reply.request_id == hello_id:
+                        self._attaches += 1
+                        self._set_attached(True)
+                    else:
+                        self._on_reply(message.reply)
+            except grpc.aio.AioRpcError as error:
+                self._on_stream_error(error)
+        finally:
+            self._outbox = self._call = None
+            if writer is not None:
+                writer.cancel()
+            call.cancel()
+            if self._attached.is_set():
+                self._set_attached(False)
+
+    async def _accepted(self, call: Any) -> bool:
+        """Wait until the server accepts the new stream; False if it refused it or did
+        not answer in time."""
         try:
             # The server's initial metadata says the call is accepted; a refused call ends
             # first. Writing before could replace the refusal by an INTERNAL status.
@@ -498,14 +595,30 @@ class CoordinatorClient:
             self._on_stream_error(error)
             return False
         except TimeoutError:
-            call.cancel()
             logger.info("Coordinator at %s did not accept the stream in time", self.address)
             return False
+        # An earlier refusal no longer holds. Cleared now, not at the hello's reply, so
+        # that answers sent from the callbacks of the updates the server sends on
+        # attaching (before that reply) go out.
+        self._rejected = None
+        if self._streams_accepted:
+            self._drop_stale_answers()
+        self._streams_accepted += 1
+        return True
+
+    def _first_messages(self) -> tuple[int, asyncio.Queue[pb.ClientMessage | None]]:
+        """A new stream's outbox: the hello, every subscription registered again, then
+        the requests not answered yet, in order; and the hello's request id."""
         outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
         hello_id = next(self._request_ids)
         outbox.put_nowait(wire.hello_message(hello_id, self.connection_id, self.node, self.owner))
         self._replays = {}
+        # A registration not answered yet is sent below with the other requests (its
+        # refusal is the caller's, not a lost subscription's).
+        registering = {id(r.subscription) for r in self._pending.values() if r.subscription}
         for sub in self._subscriptions.values():
+            if id(sub) in registering:
+                continue
             request_id = next(self._request_ids)
             self._replays[request_id] = sub
             outbox.put_nowait(
@@ -515,31 +628,39 @@ class CoordinatorClient:
             )
         for request in self._pending.values():
             outbox.put_nowait(request.message)
-        self._outbox, self._call = outbox, call
-        writer = self._loop.create_task(_write(call, outbox))
-        attached = False
-        try:
-            while True:
-                message = await call.read()
-                if message is grpc.aio.EOF:
-                    break
-                if message.WhichOneof("body") == "update":
-                    self._on_update(message.update)
-                elif message.reply.request_id == hello_id:
-                    attached = True
-                    self._rejected = None
-                    self._set_attached(True)
-                else:
-                    self._on_reply(message.reply)
-        except grpc.aio.AioRpcError as error:
-            self._on_stream_error(error)
-        finally:
-            self._outbox = self._call = None
-            writer.cancel()
-            call.cancel()
-            if self._attached.is_set():
-                self._set_attached(False)
-        return attached
+        return hello_id, outbox
+
+    def _drop_stale_answers(self) -> None:
+        """On a new stream, fail the identified answers to step-downs still unanswered
+        instead of sending them again.
+
+        Sent again, an answer to an earlier step-down (its reply lost with the old
+        stream) could count for a later step-down of the same consumer, made active and
+        told to step down again meanwhile, while it still consumes. The coordinator
+        re-sends every step-down still pending when the stream attaches, and the
+        consumer answers it again then. A stopgap: the proper fix is a generation
+        number in updates and answers (docs/coordinator.md)."""
+        for request in list(self._pending.values()):
+            message = request.message
+            if message.WhichOneof("body") != "activate":
+                continue
+            activate = message.activate
+            if not activate.HasField("subscription_id"):
+                continue  # an operator's anonymous unblock: sent again
+            group = wire.group_id(activate.group)
+            logger.info(
+                "The answer of subscription %d in %s to a step-down was not acknowledged "
+                "before the stream broke: not sending it again (a pending step-down is "
+                "re-sent by the coordinator)",
+                activate.subscription_id,
+                group,
+            )
+            msg = (
+                f"the stream to the coordinator broke before the answer of subscription "
+                f"{activate.subscription_id} in {group} to a step-down was acknowledged; it "
+                "is not sent again: answer the step-down again if the coordinator re-sends it"
+            )
+            self._drop(request, CoordinatorUnavailable(msg))
 
     def _on_stream_error(self, error: grpc.aio.AioRpcError) -> None:
         code = error.code()
@@ -556,12 +677,7 @@ class CoordinatorClient:
         replayed = self._replays.pop(reply.request_id, None)
         if replayed is not None:
             if isinstance(result, pb.Refused):
-                logger.error(
-                    "Registering subscription %d in %s again was refused: %s",
-                    replayed.subscription_id,
-                    replayed.group,
-                    result.message,
-                )
+                self._on_replay_refused(replayed, result)
             return
         request = self._pending.get(reply.request_id)
         if request is None:
@@ -577,6 +693,26 @@ class CoordinatorClient:
         else:
             self._drop(request, refused)
 
+    def _on_replay_refused(self, sub: _Subscription, result: pb.Refused) -> None:
+        """Registering ``sub`` again on a new stream was refused: the coordinator does not
+        have it and will not take it as it is. Drop it (it would never be told anything)
+        and tell its owner."""
+        logger.error(
+            "Registering subscription %d in %s again was refused (dropping it): %s",
+            sub.subscription_id,
+            sub.group,
+            result.message,
+        )
+        key = (sub.group, sub.subscription_id)
+        if self._subscriptions.get(key) is sub:
+            del self._subscriptions[key]
+        if sub.on_refused is None:
+            return
+        try:
+            sub.on_refused(CoordinatorRefused(wire.refusal_reason(result), result.message))
+        except Exception:
+            logger.exception("on_refused of subscription %d failed", sub.subscription_id)
+
     def _drop(self, request: _Request, error: Exception) -> None:
         """Fail ``request``; a refused registration is forgotten."""
         self._pending.pop(request.message.request_id, None)
@@ -589,6 +725,11 @@ class CoordinatorClient:
     def _on_update(self, wire_update: pb.ConsumerUpdate) -> None:
         group = wire.group_id(wire_update.group)
         subscription_id = wire_update.subscription_id
+        if self._stopping:
+            # Closing: the consumers were told the connection is down and are stopping;
+            # an ``active`` now must not start them again.
+            logger.debug("Closing: update of subscription %d in %s ignored", subscription_id, group)
+            return
         update = SendConsumerUpdate(self.connection_id, subscription_id, group, wire_update.active)
         key = (group, subscription_id)
         sub = self._subscriptions.get(key)
@@ -627,10 +768,10 @@ class CoordinatorClient:
             subscription_id,
             group,
         )
-        message = wire.unregister_message(next(self._request_ids), group, subscription_id)
-        self._submit(_Request(message, concurrent.futures.Future(), forgiving=True))
+        self._submit(self._unregister_request(group, subscription_id))
 
-    def _set_attached(self, attached: bool) -> None:
+    def _set_attached(self, attached: bool) -> list[concurrent.futures.Future[Any]]:
+        """Tell the listeners; returns the futures they returned (see `add_listener`)."""
         if attached:
             self._attached.set()
             logger.info(
@@ -638,11 +779,38 @@ class CoordinatorClient:
             )
         else:
             self._attached.clear()
+        stopping: list[concurrent.futures.Future[Any]] = []
         for listener in tuple(self._listeners):
             try:
-                listener(attached)
+                result = listener(attached)
             except Exception:
                 logger.exception("Coordinator connection listener failed")
+                continue
+            if isinstance(result, concurrent.futures.Future):
+                stopping.append(result)
+        return stopping
+
+    async def _wait_stopped(self, stopping: list[concurrent.futures.Future[Any]]) -> bool:
+        """Wait up to ``close_timeout`` until every future in ``stopping`` is done (set
+        from other threads); whether they all are."""
+        wake = asyncio.Event()
+
+        def done(_future: concurrent.futures.Future[Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(wake.set)
+
+        for future in stopping:
+            future.add_done_callback(done)
+        deadline = self._loop.time() + self.settings.close_timeout
+        while True:
+            wake.clear()
+            if all(future.done() for future in stopping):
+                return True
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), remaining)
 
     async def _list_groups(
         self, request: pb.ListGroupsRequest, timeout: float
@@ -667,19 +835,34 @@ class CoordinatorClient:
         closed = ClosedError("CoordinatorClient is closed")
         for request in list(self._pending.values()):
             self._drop(request, closed)
-        outbox, task = self._outbox, self._run_task
+        task = self._run_task
         attached = self._attached.is_set()
-        if attached:
-            # Consumers stop before the coordinator hands their groups over.
-            self._set_attached(False)
-        if goodbye and outbox is not None and attached:
+        # Consumers stop before the coordinator hands their groups over.
+        stopping = self._set_attached(False) if attached else []
+        if goodbye and not attached:
+            logger.info("Closing while not connected: the coordinator will see a lost connection")
+        elif goodbye and not await self._wait_stopped(stopping):
+            logger.warning(
+                "Closing without goodbye: %d coordinated consumer(s) of %r still had a "
+                "delivery in flight after close_timeout (%s s). The coordinator will hand "
+                "their groups over only after its disconnected_timeout, so that no other "
+                "consumer gets that message while it is still being processed",
+                sum(not future.done() for future in stopping),
+                self.connection_id,
+                self.settings.close_timeout,
+            )
+        elif goodbye and self._outbox is None:
+            logger.info(
+                "The stream ended while closing: the coordinator will see a lost connection"
+            )
+        elif goodbye:
+            outbox = self._outbox
+            assert outbox is not None
             outbox.put_nowait(wire.goodbye_message())
             outbox.put_nowait(None)  # then half-close: the server ends the call
             if task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(task), self.settings.close_timeout)
-        elif goodbye:
-            logger.info("Closing while not connected: the coordinator will see a lost connection")
         for _update, timer in self._orphans.values():
             timer.cancel()
         if self._call is not None:
@@ -742,7 +925,9 @@ def _fail(request: _Request, error: Exception) -> None:
         request.future.set_exception(error)
 
 
-def _log_failure(future: concurrent.futures.Future[Any]) -> None:
-    error = future.exception()
-    if error is not None and not isinstance(error, ClosedError):
-        logger.warning("Activate failed: %s", error)
+def _log_failure(what: str, future: concurrent.futures.Future[Any]) -> None:
+    error = None if future.cancelled() else future.exception()
+    # ClosedError: the caller closed the client; CoordinatorUnavailable: an answer not
+    # sent again after a reconnect, logged when dropped.
+    if error is not None and not isinstance(error, ClosedError | CoordinatorUnavailable):
+        logger.warning("%s failed: %s", what, error)

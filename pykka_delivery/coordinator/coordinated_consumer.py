@@ -12,12 +12,20 @@ Theory of operation:
   closes the `Consumer` (which acks what is confirmed to the producer) and only then
   answers ``activate``, so the coordinator activates the next consumer after this one
   stopped: never two consumers of a group process at once. Copies of the step-down sent
-  again before the next ``active`` are not answered again (see `_on_update`).
+  again before the next ``active`` on the same stream are not answered again (see
+  `_on_update`).
 * Cut off from the coordinator (the client's stream broke), it stops the same way,
   without answering: the coordinator cannot tell it apart from a crashed consumer and
   will give the group to another one after its ``disconnected_timeout``. When the
-  connection comes back in time, the coordinator re-sends ``active`` and it resumes.
+  connection comes back in time, the coordinator re-sends ``active`` and it resumes, or
+  re-sends a step-down still pending, which it answers then (the client does not re-send
+  an answer of the broken stream).
   This relies on the client noticing the break (gRPC keepalive) well before that timeout.
+* When its client closes with a goodbye, it returns a future from the connection
+  listener that is done once it stopped: the client sends the goodbye (which hands the
+  group over at once) only after the delivery in flight is confirmed.
+* If the client's re-registration after a reconnect is refused, it stops for good:
+  `receive` raises that `CoordinatorRefused`.
 * Each period of consuming is recorded as an `ActivationInterval` (monotonic clock), so
   tests can check that the intervals of a group's consumers never overlap.
 
@@ -154,9 +162,13 @@ class CoordinatedConsumer:
         self._changed = threading.Condition(self._lock)
         self._told_active = False  # the coordinator's last word, while connected
         self._owe_activate = False  # told to step down; answer once stopped
-        # Answered a step-down since the last ``active``: a repeated step-down is not
-        # answered again (the first answer is delivered, queued across reconnects).
+        # Answered a step-down since the last ``active`` on this stream: a repeated
+        # step-down is not answered again (the first answer is delivered, unless the
+        # stream breaks first: the client then drops it, and this is reset).
         self._answered = False
+        self._refused: CoordinatorRefused | None = None  # re-registering was refused
+        # Done once the current Consumer stopped (the client's close waits for them).
+        self._stop_waiters: list[concurrent.futures.Future[None]] = []
         self._consumer: Consumer | None = None
         self._exposed: str | None = None  # the current Consumer's name on the node
         self._in_flight: Delivery | None = None
@@ -171,6 +183,7 @@ class CoordinatedConsumer:
                 self._on_update,
                 partition_index=partition_index,
                 timeout=timeout,
+                on_refused=self._on_refused,
             )
         except BaseException as error:
             client.remove_listener(self._on_connection)
@@ -191,6 +204,9 @@ class CoordinatedConsumer:
         Raises:
             DeliveryTimeout: nothing within ``timeout`` seconds.
             ClosedError: this consumer was closed.
+            CoordinatorRefused: its client registered it again after a reconnect and
+                the coordinator refused (it had lost this consumer, and the group now
+                has another partition index): it will never be active again. Close it.
             LocalProtocolError: the previous delivery is not confirmed yet.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -210,7 +226,8 @@ class CoordinatedConsumer:
             return dataclasses.replace(delivery, confirm_to=_ConfirmTo(self, delivery))
 
     def __iter__(self) -> Iterator[Delivery]:
-        """Deliveries until this consumer is closed."""
+        """Deliveries until this consumer is closed; it ends with `CoordinatorRefused`
+        if the coordinator refused it after a reconnect (see `receive`)."""
         while True:
             try:
                 yield self.receive()
@@ -223,7 +240,8 @@ class CoordinatedConsumer:
         Call it from the consuming thread, or once the delivery in flight is confirmed: a
         delivery not confirmed by then stays with the producer, for the next consumer.
         With ``unregister=False`` the subscription stays registered (for a client about to
-        close without goodbye, say). Idempotent.
+        close without goodbye, say). Idempotent. From the client's thread (a callback) the
+        unregister is sent without waiting for its answer.
         """
         with self._lock:
             if self._closed:
@@ -239,6 +257,10 @@ class CoordinatedConsumer:
         if unregister:
             try:
                 self._client.unregister(self.group, self.subscription_id, timeout=timeout)
+            except LocalProtocolError:
+                # On the client's thread (from a callback), where waiting for the answer
+                # would wait for this very thread.
+                self._client.send_unregister(self.group, self.subscription_id)
             except (ClosedError, ConnectionRejected, DeliveryTimeout) as error:
                 logger.warning("Unregistering from %s failed: %s", self.group, error)
         elif owed:
@@ -283,6 +305,9 @@ class CoordinatedConsumer:
                         "confirmed yet: call delivery.confirm() before receiving the next"
                     )
                     raise LocalProtocolError(msg)
+                if self._refused is not None:
+                    refused = self._refused
+                    raise CoordinatorRefused(refused.reason, refused.message)
                 if self._consumer is not None:
                     return self._consumer, False
                 if self._told_active:
@@ -321,6 +346,10 @@ class CoordinatedConsumer:
             self._node.unregister(self._exposed)
             self._exposed = None
         self._intervals[-1] = dataclasses.replace(self._intervals[-1], end=time.monotonic())
+        waiters, self._stop_waiters = self._stop_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         self._changed.notify_all()
         logger.info("Subscription %d in %s stopped (%s)", self.subscription_id, self.group, why)
 
@@ -364,9 +393,10 @@ class CoordinatedConsumer:
                 self._changed.notify_all()
             elif self._consumer is None:
                 # The coordinator tells a deactivating consumer again when its group
-                # re-checks, and on every re-attach. One answer per step-down: a second
-                # one, arriving after this consumer was made active and told to step
-                # down anew, would count for that step-down while it still consumes.
+                # re-checks, and on every re-attach. One answer per step-down and stream:
+                # a second one, arriving after this consumer was made active and told to
+                # step down anew, would count for that step-down while it still consumes.
+                # (The copy re-sent on a re-attach is answered: `_on_connection`.)
                 self._told_active = False
                 answer = not self._answered
                 self._answered = True
@@ -388,13 +418,36 @@ class CoordinatedConsumer:
             with self._lock:
                 self._answered = False
 
-    def _on_connection(self, up: bool) -> None:
-        """On the client's thread: cut off from the coordinator, stop consuming; it
-        re-sends ``active`` when the connection comes back in time."""
+    def _on_connection(self, up: bool) -> concurrent.futures.Future[None] | None:
+        """On the client's thread: cut off from the coordinator (or its client closing),
+        stop consuming, without answering a step-down: the coordinator re-sends
+        ``active``, or a step-down still pending, when the connection comes back.
+
+        Returns a future done once the `Consumer` stopped, if a delivery is in flight (so
+        it stops only after its confirmation): the client's close waits for it before
+        saying goodbye, which hands the group over at once."""
         if up:
-            return
+            return None
         with self._lock:
             self._told_active = False
-            answer = self._stop_if_idle("connection to the coordinator lost")
-        if answer:
-            self._answer()  # queued until the connection is back
+            # The client does not re-send an answer of the broken stream: one owed is not
+            # given, and the copy of a step-down re-sent on attaching is answered.
+            self._owe_activate = False
+            self._answered = False
+            self._stop_if_idle("connection to the coordinator lost")
+            if self._consumer is None:
+                return None
+            waiter: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._stop_waiters.append(waiter)
+            return waiter
+
+    def _on_refused(self, refused: CoordinatorRefused) -> None:
+        """On the client's thread: registering again after a reconnect was refused; the
+        client dropped the subscription. Stop (after the delivery in flight) and make
+        `receive` raise it (the client logged it)."""
+        with self._lock:
+            self._refused = refused
+            self._told_active = False
+            self._owe_activate = False
+            self._stop_if_idle("registration refused")
+            self._changed.notify_all()

@@ -13,9 +13,11 @@ shared/reference/rabbitmq-sac.md and docs/coordinator.md):
   new one is activated only when the step-down is answered with `ActivateConsumer`, so two
   consumers never consume at once.
 * A lost connection makes its consumers disconnected and starts a timer. A disconnected
-  active consumer blocks its group: it may still be consuming. When the timer fires its
-  consumers are presumed down and ignored; the group chooses another active consumer.
-  When the connection comes back, a presumed-down active consumer is told to step down.
+  active or deactivating consumer blocks its group: it may still be consuming, since the
+  messages do not travel through the coordinator (decision D12: RabbitMQ v6 lets a lost
+  deactivating consumer go at once). When the timer fires its consumers are presumed down
+  and ignored; the group chooses another active consumer. When the connection comes
+  back, a presumed-down active consumer and a deactivating one are told to step down.
 * Nothing here reads a clock, sends, or keeps an index that could drift from the groups:
   which groups a connection is in is derived from the groups each time.
 
@@ -145,7 +147,8 @@ def _rebalance(gid: GroupId, group: Group) -> _Changed:
     A simple group keeps its active consumer (moved to the front, so it stays the first
     eligible one). A partitioned group whose active consumer is no longer the chosen one
     tells it to step down; the chosen one waits for the answer. With no active consumer,
-    the chosen one is activated.
+    the chosen one is activated. A disconnected active or deactivating consumer (DA, DD)
+    is always the chosen one: its group waits, and it is sent nothing.
     """
     if not group.consumers:
         return group, []
@@ -258,15 +261,17 @@ def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
         # Re-checking the rule never switches actives without a step-down.
         group, effects = _rebalance(gid, group)
         return _with_group(state, gid, group), OK, effects
-    if command.connection and (pending.connection, pending.subscription_id) != (
-        command.connection,
-        command.subscription_id,
-    ):
+    if command.connection and pending.key != (command.connection, command.subscription_id):
         # D11: the answer of an earlier step-down; the pending one is still finishing.
         return state, OK, []
     # The step-down was answered: every connected consumer waits, the chosen one becomes
     # active and is told so, even when it is the one that just stepped down (#16975).
-    group = group.mapped(lambda c: c.with_status(activity=_WAITING) if c.is_connected else c)
+    # A pending consumer whose connection is lost (DD, D12) waits too, disconnected: its
+    # own answer (a request applied after the loss) says it stopped, and an anonymous
+    # one is an operator's unblock of a consumer known to be gone.
+    group = group.mapped(
+        lambda c: c.with_status(activity=_WAITING) if c.is_connected or c.key == pending.key else c
+    )
     group, effects = _activate_chosen(gid, group)
     return _with_group(state, gid, group), OK, effects
 
@@ -282,20 +287,15 @@ def _connection_lost(state: CoordinatorState, command: ConnectionLost) -> _Resul
     def lose(c: Consumer) -> Consumer:
         if c.connection != connection or not c.is_connected:
             return c  # presumed-down consumers stay so: a PA must not count as active again
-        # A deactivating consumer cannot answer its step-down now: it waits, and its group
-        # chooses again (RabbitMQ v6, PR #15353; it used to block the group).
-        activity = _WAITING if c.activity is _DEACTIVATING else c.activity
-        return replace(
-            c, connectivity=_DISCONNECTED, activity=activity, disconnected_at=command.now
-        )
+        # Every activity is kept: CA->DA, CW->DW, and CD->DD (decision D12). A deactivating
+        # consumer may still be finishing (maybe it never got its step-down), and its
+        # messages do not go through us: it blocks its group until it comes back, its
+        # timer fires, or it leaves. RabbitMQ v6 (PR #15353) makes it DW and rebalances
+        # at once, safe there only because a disconnected consumer gets no messages.
+        return replace(c, connectivity=_DISCONNECTED, disconnected_at=command.now)
 
     def change(gid: GroupId, group: Group) -> _Changed:
-        was_deactivating = any(
-            c.connection == connection and c.is_connected and c.activity is _DEACTIVATING
-            for c in group.consumers
-        )
-        group = group.mapped(lose)
-        return _rebalance(gid, group) if was_deactivating else (group, [])
+        return group.mapped(lose), []
 
     new_state, reply, effects = _for_groups_of(state, connection, change)
     if new_state != state:
@@ -310,6 +310,8 @@ def _disconnected_timeout(state: CoordinatorState, command: DisconnectedTimeout)
     def presume(c: Consumer) -> Consumer:
         if c.connection != connection or not c.is_disconnected:
             return c  # connected again: the timer is stale
+        # DA->PA, DW->PW, DD->PW: a presumed-down deactivating consumer is no longer
+        # waited for (D12), and it is not told to step down again if it returns.
         activity = _WAITING if c.activity is _DEACTIVATING else c.activity
         return c.with_status(_PRESUMED_DOWN, activity)
 
@@ -321,7 +323,9 @@ def _connection_reconnected(state: CoordinatorState, command: ConnectionReconnec
 
     def reconnect(gid: GroupId, group: Group) -> _Changed:
         # A presumed-down active consumer may have kept consuming while its group chose
-        # another one: tell it to step down. The rest of the connection's consumers are
+        # another one: tell it to step down. A deactivating one (DD, D12) is connected
+        # and still deactivating: it may not have got its step-down, so it is told again,
+        # and its group waits for its answer. The rest of the connection's consumers are
         # connected again as they were, and the group's rule is re-checked.
         told: list[Effect] = []
 
@@ -331,10 +335,13 @@ def _connection_reconnected(state: CoordinatorState, command: ConnectionReconnec
             if c.connectivity is _PRESUMED_DOWN and c.activity is _ACTIVE:
                 told.append(step_down(gid, c))
                 return c.with_status(_CONNECTED, _WAITING)
+            if c.is_disconnected and c.activity is _DEACTIVATING:
+                told.append(step_down(gid, c))
             return c.with_status(_CONNECTED)
 
         group, effects = _rebalance(gid, group.mapped(back))
-        return group, told + effects
+        # The re-check may tell the same consumer to step down: once is enough.
+        return group, told + [e for e in effects if e not in told]
 
     return _for_groups_of(state, connection, reconnect)
 
@@ -376,7 +383,9 @@ def _update_settings(state: CoordinatorState, command: UpdateSettings) -> _Resul
 def _recover(state: CoordinatorState, command: Recover) -> _Result:
     effects: list[Effect] = [WatchConnection(c) for c in sorted(state.connections())]
     # A consumer update decided just before the restart may never have been sent. Sending
-    # the current one again is harmless and unblocks a group whose update was lost.
+    # the current one again is harmless and unblocks a group whose update was lost. A
+    # disconnected consumer is sent nothing: a DD is told again when it reconnects, and
+    # it keeps blocking its group until then or until its re-armed timer fires (D12).
     for gid in sorted(state.groups):
         for c in state.groups[gid].consumers:
             if c.is_connected and c.activity is _ACTIVE:

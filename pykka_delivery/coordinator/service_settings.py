@@ -118,8 +118,12 @@ class CoordinatorClientSettings:
             and 5 s.
         connect_timeout: how long one attempt to reach the server may take. Default 5.
         request_timeout: default ``timeout`` of the blocking calls. Default 30.
-        close_timeout: how long `close` waits for the server to acknowledge the
-            goodbye. Default 5.
+        close_timeout: how long `close` waits for the client's `CoordinatedConsumer`s to
+            stop (their deliveries in flight confirmed) before it says goodbye; if they
+            have not by then, it closes without goodbye (logged at WARNING), and the
+            coordinator hands their groups over after its ``disconnected_timeout``.
+            Then, after a goodbye, how long it waits for the server to end the stream.
+            Default 5.
         orphan_grace: how long an ``active`` update for a subscription this client has
             not registered waits for it to be registered (a process restarted with its
             old ``connection_id`` registering its consumers again: it keeps its place)

@@ -8,7 +8,8 @@ selection rules of RabbitMQ's stream SAC coordinator (shared/reference/rabbitmq-
 Status abbreviations used in comments and tests: the first letter is the connectivity
 (C connected, D disconnected, P presumed down), the second the activity (A active,
 W waiting, D deactivating). CA is the active consumer; CD was told to step down and has
-not answered yet; DA is an active consumer whose connection was lost.
+not answered yet; DA is an active consumer whose connection was lost; DD a deactivating
+one whose connection was lost (it may still be finishing: it blocks its group, D12).
 """
 
 from __future__ import annotations
@@ -115,6 +116,14 @@ class Consumer:
         return self.is_disconnected and self.activity is Activity.ACTIVE
 
     @property
+    def blocks_its_group(self) -> bool:
+        """A DA or a DD: disconnected and counting as active. It may still be consuming
+        (its messages do not travel through the coordinator), so its group chooses nobody
+        else until it returns, its timer presumes it down, or it leaves (decision D12 for
+        the DD; RabbitMQ v6 turns a lost CD into DW instead)."""
+        return self.is_disconnected and self.activity is not Activity.WAITING
+
+    @property
     def label(self) -> str:
         """``"<activity> (<connectivity>)"``, e.g. ``"waiting (presumed down)"``."""
         return f"{self.activity.value} ({self.connectivity.value.replace('_', ' ')})"
@@ -157,11 +166,23 @@ class Group:
         return next((c for c in self.consumers if c.counts_as_active), None)
 
     def disconnected_active(self) -> Consumer | None:
+        """The DA, if any."""
         return next((c for c in self.consumers if c.is_disconnected_active), None)
 
+    def blocking(self) -> Consumer | None:
+        """The DA or DD, if any: the group chooses nobody else while it is there."""
+        return next((c for c in self.consumers if c.blocks_its_group), None)
+
     def deactivating(self) -> Consumer | None:
+        """The consumer whose step-down is pending (CD, or DD while its connection is
+        lost), if any. Its timer turns a DD into PW: a presumed-down consumer is no
+        longer waited for."""
         return next(
-            (c for c in self.consumers if c.is_connected and c.activity is Activity.DEACTIVATING),
+            (
+                c
+                for c in self.consumers
+                if c.activity is Activity.DEACTIVATING and c.counts_as_active
+            ),
             None,
         )
 
@@ -172,11 +193,12 @@ class Group:
     def chosen(self) -> Consumer | None:
         """The consumer that should be active (RabbitMQ's ``evaluate_active_consumer``).
 
-        A disconnected active consumer is always chosen: it may come back, and telling
-        another consumer to start could make two active ones. Otherwise the first eligible
-        consumer (simple group) or ``eligible[partition_index % len(eligible)]``.
+        A disconnected consumer that counts as active (DA, or DD: decision D12) is always
+        chosen: it may still be consuming, and telling another consumer to start could
+        make two active ones. Otherwise the first eligible consumer (simple group) or
+        ``eligible[partition_index % len(eligible)]``.
         """
-        blocking = self.disconnected_active()
+        blocking = self.blocking()
         if blocking is not None:
             return blocking
         eligible = self.eligible()

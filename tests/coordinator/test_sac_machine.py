@@ -108,15 +108,24 @@ Original test -> test here:
 44. handle_connection_node_disconnected_super_stream_disconn_active_block_rebalancing_test
     -> test_disconnected_active_blocks_rebalance_on_connection_lost_in_partitioned_group
 45. handle_connection_node_disconnected_deactivating_triggers_rebalance_test
-    -> test_connection_lost_of_deactivating_consumer_rebalances_partitioned_group
+    -> test_connection_lost_of_deactivating_consumer_blocks_partitioned_group_until_its_timer
+    (the expectation differs by decision D12: RabbitMQ v6 makes the lost CD waiting and
+    activates p2 at once; we keep it deactivating, disconnected, and p2 is activated when
+    its timer fires, with the state RabbitMQ reaches at once)
 46. handle_connection_node_disconnected_simple_deactivating_triggers_rebalance_test
-    -> test_connection_lost_of_deactivating_consumer_rebalances_simple_group
+    -> test_connection_lost_of_deactivating_consumer_blocks_simple_group_until_its_timer
+    (differs by D12, as 45)
 47. handle_connection_down_deactivating_triggers_rebalance_test
     -> test_connection_down_of_deactivating_consumer_activates_chosen
 48. handle_connection_node_disconnected_multiple_one_deactivating_test
     -> test_connection_lost_with_several_consumers_one_deactivating
+    (differs by D12, as 45)
 49. handle_connection_node_disconnected_deactivating_then_reconnect_test
     -> test_deactivating_consumer_lost_then_reconnected_then_late_activate
+    (differs by D12: RabbitMQ activates p2 on the loss, steps it down on the reconnect and
+    re-activates p1 on the late answer; we activate nobody on the loss, tell p1 to step
+    down again on the reconnect, and its answer re-activates it: the same end state,
+    with no second consumer started in between)
 50. connection_reconnected_simple_disconn_active_blocks_rebalancing_test
     -> test_disconnected_active_blocks_rebalance_on_reconnect_in_simple_group
 51. connection_reconnected_simple_forg_act_disconn_active_blocks_rebalancing_test
@@ -192,6 +201,16 @@ Decisions (docs/coordinator.md, "Decisions") -> tests after the ports:
   test_connection_lost_again_starts_the_timer_only_if_it_disconnects_consumers
 * D9 purge at once -> test_purge_never_activates_a_consumer_it_purges
 * D10 watches and timer cancels -> the ports of 5, 21 and 74
+* D11 an answer names the consumer that answers
+  -> test_late_answer_of_another_consumer_leaves_the_pending_step_down_pending,
+  test_anonymous_answer_still_counts_for_the_pending_step_down
+* D12 a deactivating consumer whose connection is lost blocks its group -> the ports of
+  45, 46, 48 and 49, test_lost_deactivating_consumer_blocks_its_group_until_its_timer,
+  test_lost_deactivating_consumer_back_is_told_again_and_its_answer_hands_over,
+  test_lost_deactivating_consumer_leaving_hands_over,
+  test_lost_deactivating_consumer_blocks_a_simple_group,
+  test_recover_keeps_a_lost_deactivating_consumer_blocking_until_its_timer,
+  test_list_groups_lists_groups_by_key_with_status_labels
 * settings and the log's needs -> test_update_settings_applies_to_the_next_timer,
   test_commands_hold_only_plain_values, test_state_groups_cannot_be_changed_in_place,
   test_list_groups_lists_groups_by_key_with_status_labels
@@ -873,22 +892,33 @@ def test_disconnected_active_blocks_rebalance_on_connection_lost_in_partitioned_
 # --- 45-49: a deactivating consumer that disconnects or dies ---------------------------------
 
 
-def test_connection_lost_of_deactivating_consumer_rebalances_partitioned_group() -> None:
+def test_connection_lost_of_deactivating_consumer_blocks_partitioned_group_until_its_timer() -> (
+    None
+):
+    # Decision D12. RabbitMQ v6: [p0 CW, p1 DW, p2 CA] and ACT(p2) on the loss. p1 may
+    # still be finishing (its messages do not go through the coordinator): nobody starts.
     s = state({GID: grp("p0/0 CW", "p1/1 CD", "p2/2 CW", index=1)})
 
     s, effects = run(s, lost("p1"))
+    assert view(s) == {GID: ["p0/0 CW", "p1/1 DD", "p2/2 CW"]}
+    assert effects == [timer("p1")]
 
-    assert view(s) == {GID: ["p0/0 CW", "p1/1 DW", "p2/2 CA"]}
-    assert effects == [act("p2", 2), timer("p1")]
+    s, effects = run(s, DisconnectedTimeout("p1"))
+    assert view(s) == {GID: ["p0/0 CW", "p1/1 PW", "p2/2 CA"]}
+    assert effects == [act("p2", 2)]
 
 
-def test_connection_lost_of_deactivating_consumer_rebalances_simple_group() -> None:
+def test_connection_lost_of_deactivating_consumer_blocks_simple_group_until_its_timer() -> None:
+    # Decision D12, as for 45. RabbitMQ v6: [p0 CA, p1 DW, p2 CW] and ACT(p0) on the loss.
     s = state({GID: grp("p0/0 CW", "p1/1 CD", "p2/2 CW")})
 
     s, effects = run(s, lost("p1"))
+    assert view(s) == {GID: ["p0/0 CW", "p1/1 DD", "p2/2 CW"]}
+    assert effects == [timer("p1")]
 
-    assert view(s) == {GID: ["p0/0 CA", "p1/1 DW", "p2/2 CW"]}
-    assert effects == [act("p0", 0), timer("p1")]
+    s, effects = run(s, DisconnectedTimeout("p1"))
+    assert view(s) == {GID: ["p0/0 CA", "p1/1 PW", "p2/2 CW"]}
+    assert effects == [act("p0", 0)]
 
 
 def test_connection_down_of_deactivating_consumer_activates_chosen() -> None:
@@ -901,28 +931,35 @@ def test_connection_down_of_deactivating_consumer_activates_chosen() -> None:
 
 
 def test_connection_lost_with_several_consumers_one_deactivating() -> None:
+    # Decision D12. RabbitMQ v6: [p0/0 DW, p0/1 DW, p1/2 CA] and ACT(p1, 2) on the loss.
     s = state({GID: grp("p0/0 CD", "p0/1 CW", "p1/2 CW", index=1)})
 
     s, effects = run(s, lost("p0"))
+    assert view(s) == {GID: ["p0/0 DD", "p0/1 DW", "p1/2 CW"]}
+    assert effects == [timer("p0")]
 
-    assert view(s) == {GID: ["p0/0 DW", "p0/1 DW", "p1/2 CA"]}
-    assert effects == [act("p1", 2), timer("p0")]
+    s, effects = run(s, DisconnectedTimeout("p0"))
+    assert view(s) == {GID: ["p0/0 PW", "p0/1 PW", "p1/2 CA"]}
+    assert effects == [act("p1", 2)]
 
 
 def test_deactivating_consumer_lost_then_reconnected_then_late_activate() -> None:
+    # Decision D12. RabbitMQ v6 activates p2 on the loss, steps p2 down on the reconnect
+    # (p1 is chosen again: 1 mod 3) and activates p1 on the late answer, so p2 may start
+    # while p1 still finishes. Here nobody starts until p1 answers.
     s = state({GID: grp("p0/0 CW", "p1/1 CD", "p2/2 CW", index=1)})
 
     s, effects = run(s, lost("p1"))
-    assert view(s) == {GID: ["p0/0 CW", "p1/1 DW", "p2/2 CA"]}
-    assert effects == [act("p2", 2), timer("p1")]
+    assert view(s) == {GID: ["p0/0 CW", "p1/1 DD", "p2/2 CW"]}
+    assert effects == [timer("p1")]
 
     s, effects = run(s, ConnectionReconnected("p1"))
-    assert view(s) == {GID: ["p0/0 CW", "p1/1 CW", "p2/2 CD"]}
-    assert effects == [step("p2", 2), cancel("p1")]
+    assert view(s) == {GID: ["p0/0 CW", "p1/1 CD", "p2/2 CW"]}
+    assert effects == [step("p1", 1), cancel("p1")]  # told again: it may have missed it
 
     s, effects = run(s, activate())  # p1's late answer to its step-down
     assert view(s) == {GID: ["p0/0 CW", "p1/1 CA", "p2/2 CW"]}
-    assert effects == [act("p1", 1)]
+    assert effects == [act("p1", 1)]  # chosen again, and told (#16975)
 
 
 # --- 50-59: a presumed-down or disconnected active consumer comes back or times out ------------
@@ -1022,7 +1059,7 @@ def test_disconnected_active_blocks_rebalance_on_timeout_in_partitioned_group() 
 
 
 def test_timeout_of_disconnected_deactivating_consumer_rebalances_simple_group() -> None:
-    # DD is never produced any more (a lost CD becomes DW); handled all the same.
+    # A lost CD becomes DD (decision D12; RabbitMQ v6 no longer produces it).
     s = state({GID: grp("p0/0 CW", "p1/1 DD", "p2/2 CW")})
 
     s, effects = run(s, DisconnectedTimeout("p1"))
@@ -1559,7 +1596,7 @@ def test_list_groups_lists_groups_by_key_with_status_labels() -> None:
         {
             G1: grp("p0/0 PW", "p1/0 CA", index=1),
             G0: grp("p0/1 DA"),
-            other: grp("p2/0 CD"),
+            other: grp("p2/0 DD", "p3/0 CW"),
         }
     )
 
@@ -1572,6 +1609,10 @@ def test_list_groups_lists_groups_by_key_with_status_labels() -> None:
         "active (connected)",
     ]
     assert [g.group for g in list_groups(s)] == [G0, G1, other]
+    assert [c.label for c in list_groups(s, namespace="other")[0].consumers] == [
+        "deactivating (disconnected)",
+        "waiting (connected)",
+    ]
 
 
 # --- D11: an answer names the consumer that answers -------------------------------------------
@@ -1599,3 +1640,134 @@ def test_anonymous_answer_still_counts_for_the_pending_step_down() -> None:
 def test_activate_names_both_connection_and_subscription_or_neither() -> None:
     with pytest.raises(ValueError, match="together"):
         ActivateConsumer("/", "s", "g", "p")
+
+
+# --- D12: a deactivating consumer whose connection is lost blocks its group -----------------
+
+
+def stepping_down_x_lost() -> CoordinatorState:
+    """The trigger: x is active in a partitioned group; z registers, so x is told to step
+    down (1 mod 2 chooses z); x's connection is lost before its answer is in. x may still
+    be processing: its messages come from the producer, not through the coordinator."""
+    s, effects = run(state(), register("x", 0, index=1))
+    assert effects == [watch("x"), act("x", 0)]
+    s, effects = run(s, register("z", 0, index=1))
+    assert view(s) == {GID: ["x/0 CD", "z/0 CW"]}
+    assert effects == [watch("z"), step("x", 0)]
+
+    s, effects = run(s, lost("x", now=1000.0))
+
+    assert view(s) == {GID: ["x/0 DD", "z/0 CW"]}
+    assert effects == [timer("x")]  # z is not activated (RabbitMQ v6 activates it here)
+    return s
+
+
+def test_lost_deactivating_consumer_blocks_its_group_until_its_timer() -> None:
+    s = stepping_down_x_lost()
+
+    # Nothing moves while x is disconnected: another consumer's answer (D11), a newcomer,
+    # a waiting consumer leaving.
+    assert apply(s, answer("z", 0)) == (s, OK, [])
+    joined = apply(s, register("w", 0, index=1))
+    assert joined.reply == Registered(active=False)
+    assert view(joined.state) == {GID: ["x/0 DD", "z/0 CW", "w/0 CW"]}
+    assert joined.effects == [watch("w")]
+    left, effects = run(joined.state, unregister("w"))
+    assert left == s
+    assert effects == [unwatch("w")]
+
+    # Its timer fires: x is presumed down and ignored, and the group chooses z.
+    s, effects = run(s, DisconnectedTimeout("x"))
+    assert view(s) == {GID: ["x/0 PW", "z/0 CA"]}
+    assert effects == [act("z", 0)]
+
+    # x back later is not told anything: it stopped when it was cut off, and its group
+    # no longer waits for it.
+    s, effects = run(s, ConnectionReconnected("x"))
+    assert view(s) == {GID: ["x/0 CW", "z/0 CA"]}
+    assert effects == []
+
+
+def test_lost_deactivating_consumer_back_is_told_again_and_its_answer_hands_over() -> None:
+    s = stepping_down_x_lost()
+
+    # Back in time: connected and still deactivating. It may never have got the
+    # step-down, so it is told again, and the group waits for its answer.
+    s, effects = run(s, ConnectionReconnected("x"))
+    assert view(s) == {GID: ["x/0 CD", "z/0 CW"]}
+    assert effects == [step("x", 0), cancel("x")]
+
+    assert apply(s, answer("z", 0)) == (s, OK, [])  # not z's step-down (D11)
+    raced, effects = run(s, DisconnectedTimeout("x"))  # the timer raced its cancel
+    assert raced == s
+    assert effects == []
+
+    s, effects = run(s, answer("x", 0))  # x finished and answers, over its new stream
+    assert view(s) == {GID: ["x/0 CW", "z/0 CA"]}
+    assert effects == [act("z", 0)]
+
+
+def test_lost_deactivating_consumer_leaving_hands_over() -> None:
+    s = stepping_down_x_lost()
+    handed_over = {GID: ["z/0 CA"]}
+
+    for command in (
+        ConnectionDown("x"),
+        unregister("x"),
+        PurgeStaleConnections(connections=("x",)),
+        evaluate(),
+    ):
+        after, effects = run(s, command)
+        assert view(after) == handed_over, command
+        assert effects == [act("z", 0), cancel("x"), unwatch("x")], command
+
+    # An answer that is applied while x is disconnected (its own, sent before the loss,
+    # or an operator's anonymous unblock) counts for the step-down: x waits, z starts.
+    for command in (answer("x", 0), activate()):
+        after, effects = run(s, command)
+        assert view(after) == {GID: ["x/0 DW", "z/0 CA"]}, command
+        assert effects == [act("z", 0)], command
+
+
+def test_lost_deactivating_consumer_blocks_a_simple_group() -> None:
+    # A simple group never steps its active consumer down itself; the state is built by
+    # hand, as in the port of 46.
+    s = state({GID: grp("x/0 CD", "z/0 CW")})
+    s, effects = run(s, lost("x"))
+    assert view(s) == {GID: ["x/0 DD", "z/0 CW"]}
+    assert effects == [timer("x")]
+
+    joined = apply(s, register("w", 0))
+    assert joined.reply == Registered(active=False)
+    assert view(joined.state) == {GID: ["x/0 DD", "z/0 CW", "w/0 CW"]}
+    s, effects = run(joined.state, unregister("z"))
+    assert view(s) == {GID: ["x/0 DD", "w/0 CW"]}
+    assert effects == [unwatch("z")]
+
+    back, effects = run(s, ConnectionReconnected("x"))
+    assert view(back) == {GID: ["x/0 CD", "w/0 CW"]}
+    assert effects == [step("x", 0), cancel("x")]
+
+    s, effects = run(s, DisconnectedTimeout("x"))
+    assert view(s) == {GID: ["x/0 PW", "w/0 CA"]}
+    assert effects == [act("w", 0)]
+
+
+def test_recover_keeps_a_lost_deactivating_consumer_blocking_until_its_timer() -> None:
+    s = stepping_down_x_lost()
+
+    after, effects = run(s, Recover(now=1030.0))
+
+    # Nothing is sent to x (it has no connection; it is told again when it comes back)
+    # nor to z; x's timer keeps its deadline (D1).
+    assert after == s
+    assert effects == [watch("x"), watch("z"), timer("x", 30.0)]
+    assert run(s, answer("z", 0))[0] == s  # still blocked
+
+    back, effects = run(s, ConnectionReconnected("x"))
+    assert view(back) == {GID: ["x/0 CD", "z/0 CW"]}
+    assert effects == [step("x", 0), cancel("x")]
+
+    s, effects = run(s, DisconnectedTimeout("x"))  # the re-armed timer
+    assert view(s) == {GID: ["x/0 PW", "z/0 CA"]}
+    assert effects == [act("z", 0)]

@@ -11,8 +11,16 @@ every step:
   ``active=True`` last, one it considers waiting was not, one deactivating was told to
   step down;
 * liveness: once every pending step-down of a connected consumer is answered with
-  `ActivateConsumer` (done on a copy), every group with an eligible consumer has exactly
-  one active consumer;
+  `ActivateConsumer` and the timers of the connections of disconnected deactivating
+  consumers have fired (done on a copy), every group with an eligible consumer has
+  exactly one active consumer;
+* never two at once: while a consumer that was told to step down has not answered, is
+  not presumed down and has not left, no other consumer of its group is told to start
+  (checked at every activation, and as an invariant). A disconnected consumer cannot
+  answer until it reconnects (decision D12: it keeps blocking its group meanwhile). An
+  operator's anonymous `ActivateConsumer` counts as the answer of the step-down pending
+  in its group. A presumed-down active consumer that comes back is told to step down
+  while its group has moved on (D3): that step-down guards nothing;
 * membership: a consumer leaves its group only by unregister, connection down, purge or
   evaluate (the test keeps its own list); no group is empty;
 * every disconnected consumer's connection has a running timer; exactly the connections
@@ -52,6 +60,7 @@ from pykka_delivery.coordinator import (
     ConnectionLost,
     ConnectionReconnected,
     Connectivity,
+    Consumer,
     CoordinatorState,
     DisconnectedTimeout,
     Effect,
@@ -117,22 +126,35 @@ def members_of(state: CoordinatorState) -> set[Member]:
     }
 
 
-def answer_step_downs(state: CoordinatorState, pending: set[Member]) -> CoordinatorState:
-    """Every connected consumer still waiting to answer a step-down answers it."""
+def consumers_of(state: CoordinatorState) -> dict[Member, Consumer]:
+    return {
+        (gid, c.connection, c.subscription_id): c
+        for gid, g in state.groups.items()
+        for c in g.consumers
+    }
+
+
+def settle(state: CoordinatorState, pending: set[Member]) -> CoordinatorState:
+    """Every connected consumer still waiting to answer a step-down answers it; the timer
+    of each connection with a disconnected deactivating consumer fires; until quiet."""
     pending = set(pending)
-    for _ in range(20):
-        connected = {
-            (gid, c.connection, c.subscription_id)
-            for gid, g in state.groups.items()
-            for c in g.consumers
-            if c.is_connected
-        }
-        answering = sorted(pending & connected)
-        if not answering:
+    for _ in range(40):
+        consumers = consumers_of(state)
+        answering = sorted(m for m in pending if m in consumers and consumers[m].is_connected)
+        blocking = sorted(
+            {
+                c.connection
+                for c in consumers.values()
+                if c.is_disconnected and c.activity is Activity.DEACTIVATING
+            }
+        )
+        if answering:
+            pending.discard(answering[0])
+            outcome = apply(state, activate(answering[0][0], answering[0]))
+        elif blocking:
+            outcome = apply(state, DisconnectedTimeout(blocking[0]))
+        else:
             return state
-        gid = answering[0][0]
-        pending.discard(answering[0])
-        outcome = apply(state, activate(gid, answering[0]))
         state = outcome.state
         for e in outcome.effects:
             if isinstance(e, SendConsumerUpdate) and not e.active:
@@ -163,6 +185,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.members: set[Member] = set()
         self.told: dict[Member, bool] = {}  # last update: True active, False step down
         self.pending: set[Member] = set()  # step-downs not answered yet
+        # Counts the consumer updates carried out: when each pending step-down that guards
+        # a hand-over was told (not presumed down since), and each consumer's latest start.
+        self.seq = 0
+        self.stepping_down_since: dict[Member, int] = {}
+        self.started_at: dict[Member, int] = {}
         self.timers: set[str] = set()
         self.watched: set[str] = set()
         self.now = 1000.0
@@ -182,20 +209,42 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for member in gone:
             self.told.pop(member, None)
             self.pending.discard(member)
-        self.carry_out(outcome.effects)
+            self.stepping_down_since.pop(member, None)
+            self.started_at.pop(member, None)
+        consumers = consumers_of(self.state)
+        for member in list(self.stepping_down_since):
+            if consumers[member].connectivity is Connectivity.PRESUMED_DOWN:
+                del self.stepping_down_since[member]  # its timer fired: no longer waited for
+        self.carry_out(outcome.effects, before)
         return outcome
 
-    def carry_out(self, effects: Iterable[Effect]) -> None:
-        present = members_of(self.state)
+    def carry_out(self, effects: Iterable[Effect], before: CoordinatorState) -> None:
+        present = consumers_of(self.state)
+        previously = consumers_of(before)
         for e in effects:
             if isinstance(e, SendConsumerUpdate):
                 member = (e.group, e.connection, e.subscription_id)
                 assert member in present, f"update for a consumer not in its group: {e}"
+                assert present[member].is_connected, f"update for a lost consumer: {e}"
+                self.seq += 1
+                if e.active and self.told.get(member) is not True:
+                    self.started_at[member] = self.seq
+                    still_finishing = [
+                        m for m in self.stepping_down_since if m[0] == e.group and m != member
+                    ]
+                    assert not still_finishing, (
+                        f"{e.group}: {member} told to start while {still_finishing} told to "
+                        f"step down has not answered"
+                    )
                 self.told[member] = e.active
                 if e.active:
                     self.pending.discard(member)
-                else:
+                    self.stepping_down_since.pop(member, None)
+                elif member not in self.pending:
                     self.pending.add(member)
+                    was = previously.get(member)
+                    if was is None or was.connectivity is not Connectivity.PRESUMED_DOWN:
+                        self.stepping_down_since[member] = self.seq
             elif isinstance(e, StartTimer):
                 self.timers.add(e.key.connection)
             elif isinstance(e, CancelTimer):
@@ -251,22 +300,30 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert isinstance(outcome.reply, Refused)
             assert outcome.reply.reason is Refusal.CONSUMER_NOT_FOUND
 
+    def answerable(self) -> list[Member]:
+        """The pending step-downs whose consumers can answer: the connected ones (a
+        disconnected consumer answers only once its connection is back)."""
+        consumers = consumers_of(self.state)
+        return sorted(m for m in self.pending if m in consumers and consumers[m].is_connected)
+
+    def answer(self, member: Member) -> None:
+        self.pending.discard(member)
+        self.stepping_down_since.pop(member, None)
+        self.apply(activate(member[0], member))
+
     @precondition(lambda self: self.members)
     @rule(data=st.data())
     def unsubscribe(self, data: st.DataObject) -> None:
         """A consumer leaves as the connection does: step-down answered first."""
         gid, connection, sub = member = data.draw(st.sampled_from(sorted(self.members)))
-        if member in self.pending:
-            self.pending.discard(member)
-            self.apply(activate(gid, member))
+        if member in self.answerable():
+            self.answer(member)
         self.unregister(gid, connection, sub)
 
-    @precondition(lambda self: self.pending)
+    @precondition(lambda self: self.answerable())
     @rule(data=st.data())
     def answer_a_step_down(self, data: st.DataObject) -> None:
-        member = data.draw(st.sampled_from(sorted(self.pending)))
-        self.pending.discard(member)
-        self.apply(activate(member[0], member))
+        self.answer(data.draw(st.sampled_from(self.answerable())))
 
     @precondition(lambda self: self.members)
     @rule(data=st.data())
@@ -279,7 +336,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         pending = group.deactivating() if group is not None else None
         before = self.state
         if pending is not None and (pending.connection, pending.subscription_id) == member[1:]:
-            self.pending.discard(member)  # not late after all: it answers its step-down
+            # Not late after all: it answers its step-down (if it is disconnected, an
+            # answer it sent before the loss, applied after it).
+            self.pending.discard(member)
+            self.stepping_down_since.pop(member, None)
         self.apply(activate(gid, member))
         if pending is not None and (pending.connection, pending.subscription_id) != member[1:]:
             assert self.state == before
@@ -288,6 +348,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def stray_activate(self, data: st.DataObject) -> None:
         """A late or repeated answer, or an operator's unblock (mostly of a live group)."""
         gid = data.draw(self.some_group_id())
+        group = self.state.groups.get(gid)
+        pending = group.deactivating() if group is not None else None
+        if pending is not None:
+            # The operator declares the pending step-down answered.
+            member = (gid, pending.connection, pending.subscription_id)
+            self.pending.discard(member)
+            self.stepping_down_since.pop(member, None)
         outcome = self.apply(activate(gid))
         if gid not in self.state.groups:
             assert isinstance(outcome.reply, Refused)
@@ -429,8 +496,21 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert_consumers_agree(state, told)
 
     @invariant()
+    def nobody_starts_while_a_consumer_told_to_step_down_has_not_answered(self) -> None:
+        consumers = consumers_of(self.state)
+        for member, since in self.stepping_down_since.items():
+            assert member in self.pending
+            assert consumers[member].connectivity is not Connectivity.PRESUMED_DOWN
+            started = {
+                o: at
+                for o, at in self.started_at.items()
+                if o[0] == member[0] and o != member and at > since
+            }
+            assert not started, f"{member} told to step down at {since}; since then: {started}"
+
+    @invariant()
     def every_group_gets_an_active_consumer_once_step_downs_are_answered(self) -> None:
-        settled = answer_step_downs(self.state, self.pending)
+        settled = settle(self.state, self.pending)
         for gid, group in settled.groups.items():
             if not group.eligible():
                 continue

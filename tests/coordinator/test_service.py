@@ -11,6 +11,8 @@ activation, and no two activations of a group overlapping.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import gc
 import itertools
 import logging
@@ -27,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pykka_delivery import ConsumerControllerSettings, Producer, ProducerControllerSettings
 from pykka_delivery.coordinator import (
+    OK,
     SIMPLE,
     ActivationInterval,
     Activity,
@@ -40,11 +43,15 @@ from pykka_delivery.coordinator import (
     CoordinatorServer,
     CoordinatorServerSettings,
     CoordinatorSettings,
+    CoordinatorUnavailable,
+    EvaluateGroup,
+    Execute,
     GroupId,
     GroupInfo,
     Refusal,
     Registered,
     SendConsumerUpdate,
+    wire,
 )
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.protocol import coordinator_pb2 as pb
@@ -866,3 +873,353 @@ def test_a_step_down_whose_answer_was_refused_is_answered_again() -> None:
 
     assert client.answers == [(GROUP, 1), (GROUP, 1)]
     consumer.close(unregister=False)
+
+
+# --- review regressions: closing, reconnecting, refusals -------------------------------------
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
+
+
+def send_in_background(producer_node: Node, count: int) -> tuple[Producer, threading.Thread]:
+    """A producer exposed as "orders" on ``producer_node``, sending 0..count-1 (fewer
+    than the flow-control window, so the sender finishes once a consumer registers)."""
+    producer = Producer(
+        "orders",
+        ProducerControllerSettings(resend_first_interval=0.05),
+        self_ref_factory=producer_node.expose("orders"),
+    )
+
+    def send_all() -> None:
+        for number in range(count):
+            producer.send(number, timeout=WAIT)
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    return producer, sender
+
+
+def test_a_goodbye_waits_until_the_delivery_in_flight_is_confirmed(
+    serve: Serve, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
+) -> None:
+    # The goodbye went out while the active consumer still processed a delivery: the
+    # coordinator activated the next consumer at once, the producer resent it the
+    # unconfirmed message, and two processes handled it at the same time.
+    server = serve(timeout=WAIT)  # a hand-over before WAIT can only come from a goodbye
+    producer, sender = send_in_background(nodes[0], 10)
+    closing = connect(clients, server.address)
+    first = coordinated(closing, nodes)
+    second = coordinated(connect(clients, server.address), nodes)
+    held = first.receive(timeout=WAIT)  # being processed
+
+    closer = threading.Thread(target=closing.close)  # with goodbye
+    closer.start()
+
+    with pytest.raises(DeliveryTimeout):  # proves a negative: nothing while it is held
+        second.receive(timeout=0.5)
+    assert closer.is_alive(), "close waits for the delivery in flight"
+    held.confirm()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    second.receive(timeout=WAIT).confirm()  # the goodbye handed the group over at once
+    assert server.statistics().streams_closed == 1
+    [before], [after] = first.intervals(), second.intervals()
+    assert before.end is not None and before.end <= after.start
+    first.close(unregister=False)
+    second.close()
+    sender.join(WAIT)
+    producer.close()
+
+
+def test_a_client_whose_consumers_do_not_stop_within_close_timeout_leaves_without_goodbye(
+    serve: Serve,
+    clients: list[CoordinatorClient],
+    nodes: tuple[Node, Node],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = serve(timeout=WAIT)
+    producer, sender = send_in_background(nodes[0], 10)
+    client = connect(clients, server.address, settings=dataclasses.replace(FAST, close_timeout=0.2))
+    first = coordinated(client, nodes)
+    held = first.receive(timeout=WAIT)  # never confirmed in time
+
+    with caplog.at_level(logging.WARNING, logger="pykka_delivery.coordinator.client"):
+        client.close()
+
+    assert any("without goodbye" in r.getMessage() for r in caplog.records)
+    # The safe side: the coordinator sees a lost connection and waits disconnected_timeout.
+    wait_for(lambda: server.statistics().streams_lost == 1, "the connection is lost")
+    assert server.statistics().streams_closed == 0
+    held.confirm()
+    first.close(unregister=False)
+    sender.join(WAIT)
+    producer.close()
+
+
+def test_a_client_closed_from_its_callback_also_waits_for_the_delivery_in_flight(
+    serve: Serve, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
+) -> None:
+    server = serve(timeout=WAIT)
+    producer, sender = send_in_background(nodes[0], 10)
+    closing = connect(clients, server.address)
+    first = coordinated(closing, nodes)
+    second = coordinated(connect(clients, server.address), nodes)
+    held = first.receive(timeout=WAIT)
+    trigger = GroupId("test", "trigger-1", "close")
+    closing.register(
+        trigger, 99, lambda u: closing.close() if u.stepping_down else None, partition_index=1
+    )
+
+    # A second consumer in the trigger's group steps it down: on the closing client's
+    # thread, which calls close there (it returns at once and finishes on that thread).
+    Member(connect(clients, server.address)).register(trigger, partition_index=1)
+
+    wait_for(lambda: not closing.connected, "the client is closing")
+    with pytest.raises(DeliveryTimeout):  # proves a negative: nothing while it is held
+        second.receive(timeout=0.5)
+    held.confirm()
+    closing._thread.join(WAIT)
+    assert not closing._thread.is_alive(), "the client's thread finished closing"
+    second.receive(timeout=WAIT).confirm()
+    assert server.statistics().streams_closed == 1
+    first.close(unregister=False)
+    second.close()
+    sender.join(WAIT)
+    producer.close()
+
+
+def test_an_answer_to_a_step_down_is_not_sent_again_on_a_new_stream(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    # Re-sent after a reconnect, an answer to an earlier step-down could count for a
+    # later step-down of the same consumer (active again by then) while it consumes.
+    group = GroupId("test", "orders-1", "billing")
+    port = int(server.address.rsplit(":", 1)[1])
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        first = Member(connect(clients, f"{proxy.address[0]}:{proxy.address[1]}"))
+        second = Member(connect(clients, server.address))
+        first.register(group, partition_index=1)
+        assert first.next_link_event() is True
+        second.register(group, partition_index=1)
+        assert first.next_update().active and first.next_update().stepping_down
+        proxy.stall(True)
+        answer = first.client.send_activate(group, 1)  # held in the proxy, then lost
+
+        proxy.cut()
+        proxy.stall(False)
+
+        assert first.next_link_event() is False and first.next_link_event() is True
+        assert isinstance(answer.exception(timeout=WAIT), CoordinatorUnavailable)
+        first.client.activate(group, 1)  # the answer on the new stream (told again or not)
+        assert second.next_update().active
+
+
+class _LinkedFakeClient(_FakeClient):
+    """A `_FakeClient` whose connection can be lost by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[Callable[[bool], object]] = []
+
+    def add_listener(self, listener: Callable[[bool], object]) -> None:
+        self.listeners.append(listener)
+
+    def lose_connection(self) -> list[object]:
+        return [listener(False) for listener in self.listeners]
+
+
+def test_a_step_down_sent_again_after_a_lost_connection_is_answered_again() -> None:
+    # The client does not re-send an answer of a broken stream; the coordinator re-sends
+    # the step-down if it is still pending, and that copy must be answered.
+    client = _LinkedFakeClient()
+    consumer = CoordinatedConsumer(
+        cast(CoordinatorClient, client), *GROUP_FIELDS, _NoProducer(), subscription_id=1
+    )
+    assert client.on_update is not None
+    step_down = SendConsumerUpdate("fake", 1, GROUP, active=False)
+    client.on_update(step_down)
+
+    assert client.lose_connection() == [None], "nothing in flight: nothing to wait for"
+    client.on_update(step_down)  # re-sent on attaching
+
+    assert client.answers == [(GROUP, 1), (GROUP, 1)]
+    consumer.close(unregister=False)
+
+
+def test_a_refused_re_registration_ends_the_coordinated_consumer_with_the_refusal(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    # The refusal was only logged: the subscription stayed, and its consumer waited for
+    # ever for an activation that could not come.
+    port = int(server.address.rsplit(":", 1)[1])
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        client = connect(clients, f"{proxy.address[0]}:{proxy.address[1]}")
+        consumer = CoordinatedConsumer(client, *GROUP_FIELDS, _NoProducer())
+        assert consumer.registered.active
+        proxy.refuse(True)
+        proxy.cut()
+        wait_for(lambda: not client.connected, "the client saw the cut")
+        # Meanwhile an operator drops the consumer, and the group comes back partitioned.
+        command = EvaluateGroup(*GROUP_FIELDS, dead_connections=(client.connection_id,))
+        assert server.coordinator.ask(Execute(command)) == OK
+        Member(connect(clients, server.address)).register(GROUP, partition_index=0)
+
+        proxy.refuse(False)
+
+        with pytest.raises(CoordinatorRefused) as refused:
+            consumer.receive(timeout=WAIT)
+        assert refused.value.refusal is Refusal.PARTITION_INDEX_CONFLICT
+        with pytest.raises(CoordinatorRefused):
+            list(consumer)  # the iterator ends with it too
+        assert client._subscriptions == {}, "the subscription is dropped"
+        consumer.close()
+
+
+def test_a_coordinated_consumer_closed_from_a_callback_leaves_its_group(
+    server: CoordinatorServer, clients: list[CoordinatorClient]
+) -> None:
+    client = connect(clients, server.address)
+    consumer = CoordinatedConsumer(client, *GROUP_FIELDS, _NoProducer())
+    errors: list[Exception] = []
+    closed = threading.Event()
+
+    def close_consumer(update: SendConsumerUpdate) -> None:
+        try:
+            consumer.close()  # on the client's thread
+        except Exception as error:
+            errors.append(error)
+        closed.set()
+
+    client.register(GroupId("test", "other", "trigger"), 99, close_consumer)  # its activation
+
+    assert closed.wait(WAIT) and errors == []
+    wait_for(lambda: statuses(client) == [], "the consumer left its group")
+
+
+def test_the_client_reconnects_after_an_unexpected_error_in_its_stream(
+    server: CoordinatorServer,
+    clients: list[CoordinatorClient],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The reconnect task died with the exception, silently: the client never connected.
+    hello_message = wire.hello_message
+    calls = itertools.count()
+
+    def failing_once(*args: Any) -> pb.ClientMessage:
+        if next(calls) == 0:
+            msg = "boom"
+            raise RuntimeError(msg)
+        return hello_message(*args)
+
+    monkeypatch.setattr(wire, "hello_message", failing_once)
+    with caplog.at_level(logging.ERROR, logger="pykka_delivery.coordinator.client"):
+        client = connect(clients, server.address)
+        assert client.wait_connected(WAIT)
+
+    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["boom"]
+
+
+class _ScriptedStream:
+    """One Connect call to a `_ScriptedCoordinator`: the test reads what the client
+    sent and decides what the server sends."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[pb.ClientMessage] = queue.Queue()
+        self.outgoing: queue.Queue[pb.ServerMessage | None] = queue.Queue()
+
+    def read_all(self, requests: Iterator[pb.ClientMessage]) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            for message in requests:
+                self.received.put(message)
+
+    def next_received(self, kind: str) -> pb.ClientMessage:
+        try:
+            message = self.received.get(timeout=WAIT)
+        except queue.Empty:
+            pytest.fail(f"the client sent no {kind} within {WAIT} s")
+        assert message.WhichOneof("body") == kind
+        return message
+
+    def reply(self, request_id: int, **result: Any) -> None:
+        self.outgoing.put(pb.ServerMessage(reply=pb.Reply(request_id=request_id, **result)))
+
+
+class _ScriptedCoordinator(pb_grpc.CoordinatorServicer):
+    """A stand-in for the coordinator service, driven message by message by the test:
+    while `refusing` is set it refuses streams as a wrong token would."""
+
+    def __init__(self) -> None:
+        self.refusing = threading.Event()
+        self.refused = threading.Event()
+        self.streams: queue.Queue[_ScriptedStream] = queue.Queue()
+        self.done = threading.Event()
+
+    def Connect(self, request_iterator: Any, context: Any) -> Iterator[pb.ServerMessage]:
+        if self.refusing.is_set():
+            self.refused.set()
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")
+        context.send_initial_metadata(())
+        stream = _ScriptedStream()
+        threading.Thread(target=stream.read_all, args=(request_iterator,), daemon=True).start()
+        self.streams.put(stream)
+        while context.is_active() and not self.done.is_set():
+            with contextlib.suppress(queue.Empty):
+                message = stream.outgoing.get(timeout=0.05)
+                if message is None:
+                    return
+                yield message
+
+    def next_stream(self) -> _ScriptedStream:
+        try:
+            return self.streams.get(timeout=WAIT)
+        except queue.Empty:
+            pytest.fail(f"the client opened no stream within {WAIT} s")
+
+
+def test_answers_sent_on_attaching_go_out_after_an_earlier_rejection(
+    clients: list[CoordinatorClient],
+) -> None:
+    # The rejection of an earlier attempt was cleared only by the hello's reply, so an
+    # answer to a step-down the coordinator re-sends on attaching (before that reply)
+    # failed at once with ConnectionRejected and was never sent.
+    scripted = _ScriptedCoordinator()
+    grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
+    pb_grpc.add_CoordinatorServicer_to_server(scripted, grpc_server)  # type: ignore[no-untyped-call]
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        member = Member(connect(clients, f"127.0.0.1:{port}"), answer=True)
+        first = scripted.next_stream()
+        first.reply(first.next_received("hello").request_id, ok=pb.Ok())
+        assert member.client.wait_connected(WAIT)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            registering = pool.submit(member.register)
+            register = first.next_received("register")
+            first.reply(register.request_id, registered=pb.Registered(active=False))
+            assert registering.result(WAIT) == Registered(False)
+        scripted.refusing.set()
+        first.outgoing.put(None)  # the stream ends; the next attempt is refused
+        assert scripted.refused.wait(WAIT)
+        scripted.refusing.clear()
+
+        second = scripted.next_stream()
+        second.next_received("hello")
+        second.next_received("register")  # registered again
+        # As the coordinator does on attaching, before the hello's reply: the step-down
+        # still pending.
+        update = pb.ConsumerUpdate(group=wire.group_key(GROUP), subscription_id=1, active=False)
+        second.outgoing.put(pb.ServerMessage(update=update))
+
+        answer = second.next_received("activate")
+        assert answer.activate.subscription_id == 1
+    finally:
+        clients.pop().close(goodbye=False)
+        scripted.done.set()
+        grpc_server.stop(0).wait(WAIT)
