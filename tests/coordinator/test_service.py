@@ -570,7 +570,9 @@ def nodes() -> Iterator[tuple[Node, Node]]:
     producer_node.stop()
 
 
-def start_sending(producer_node: Node) -> tuple[Producer, threading.Thread]:
+def start_sending(producer_node: Node, count: int = COUNT) -> tuple[Producer, threading.Thread]:
+    """A producer exposed as "orders" on ``producer_node``, sending 0..count-1 from a
+    thread of its own."""
     producer = Producer(
         "orders",
         ProducerControllerSettings(resend_first_interval=0.05),
@@ -578,7 +580,7 @@ def start_sending(producer_node: Node) -> tuple[Producer, threading.Thread]:
     )
 
     def send_all() -> None:
-        for number in range(COUNT):
+        for number in range(count):
             producer.send(number, timeout=WAIT)
 
     sender = threading.Thread(target=send_all, daemon=True)
@@ -887,24 +889,6 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> Non
         time.sleep(0.01)
 
 
-def send_in_background(producer_node: Node, count: int) -> tuple[Producer, threading.Thread]:
-    """A producer exposed as "orders" on ``producer_node``, sending 0..count-1 (fewer
-    than the flow-control window, so the sender finishes once a consumer registers)."""
-    producer = Producer(
-        "orders",
-        ProducerControllerSettings(resend_first_interval=0.05),
-        self_ref_factory=producer_node.expose("orders"),
-    )
-
-    def send_all() -> None:
-        for number in range(count):
-            producer.send(number, timeout=WAIT)
-
-    sender = threading.Thread(target=send_all, daemon=True)
-    sender.start()
-    return producer, sender
-
-
 def test_a_goodbye_waits_until_the_delivery_in_flight_is_confirmed(
     serve: Serve, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
 ) -> None:
@@ -912,7 +896,7 @@ def test_a_goodbye_waits_until_the_delivery_in_flight_is_confirmed(
     # coordinator activated the next consumer at once, the producer resent it the
     # unconfirmed message, and two processes handled it at the same time.
     server = serve(timeout=WAIT)  # a hand-over before WAIT can only come from a goodbye
-    producer, sender = send_in_background(nodes[0], 10)
+    producer, sender = start_sending(nodes[0], 10)
     closing = connect(clients, server.address)
     first = coordinated(closing, nodes)
     second = coordinated(connect(clients, server.address), nodes)
@@ -944,7 +928,7 @@ def test_a_client_whose_consumers_do_not_stop_within_close_timeout_leaves_withou
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = serve(timeout=WAIT)
-    producer, sender = send_in_background(nodes[0], 10)
+    producer, sender = start_sending(nodes[0], 10)
     client = connect(clients, server.address, settings=dataclasses.replace(FAST, close_timeout=0.2))
     first = coordinated(client, nodes)
     held = first.receive(timeout=WAIT)  # never confirmed in time
@@ -966,7 +950,7 @@ def test_a_client_closed_from_its_callback_also_waits_for_the_delivery_in_flight
     serve: Serve, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
 ) -> None:
     server = serve(timeout=WAIT)
-    producer, sender = send_in_background(nodes[0], 10)
+    producer, sender = start_sending(nodes[0], 10)
     closing = connect(clients, server.address)
     first = coordinated(closing, nodes)
     second = coordinated(connect(clients, server.address), nodes)
