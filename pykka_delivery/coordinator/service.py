@@ -128,7 +128,15 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         # Tells the client its call is accepted: it writes only then, since a write racing
         # a refusal would hide the refusal's status behind an INTERNAL one (grpcio 1.85).
         await context.send_initial_metadata(())
-        first = await context.read()
+        try:
+            first = await asyncio.wait_for(context.read(), server.settings.hello_timeout)
+        except TimeoutError:
+            server._counters.rejected += 1
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no hello within {server.settings.hello_timeout} s "
+                "(CoordinatorServerSettings.hello_timeout): send Hello first",
+            )
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             server._counters.rejected += 1
             got = "the end of the stream" if first is grpc.aio.EOF else first.WhichOneof("body")
@@ -259,7 +267,17 @@ class _Stream:
             command = wire.command_of(message, self.connection, self.node, self.owner)
         except ValueError as error:
             return wire.invalid_request_message(message.request_id, str(error))
-        reply = await self.server._ask(Execute(command))
+        try:
+            reply = await self.server._ask(Execute(command))
+        except _Unavailable:
+            raise
+        except Exception as error:  # the actor failed on it: its store, most likely
+            logger.exception("The coordinator failed on %s", type(command).__name__)
+            msg = (
+                f"the coordinator failed on {type(command).__name__}: {error} (see its log; "
+                "the request was not applied and is sent again when the stream reopens)"
+            )
+            raise _Unavailable(msg) from error
         return wire.reply_message(message.request_id, reply)
 
     async def _write(self) -> None:

@@ -48,6 +48,8 @@ class CoordinatorServerSettings:
             answer before the stream ends with UNAVAILABLE. Default 10.
         ask_threads: threads that wait for the actor's answers (the loop never blocks on
             it). Default 4.
+        hello_timeout: how long a new stream may take to send its hello before it is
+            ended with DEADLINE_EXCEEDED. Default 10.
         shutdown_grace: seconds given to open streams when the server stops. Default 1.
     """
 
@@ -62,6 +64,7 @@ class CoordinatorServerSettings:
     min_ping_interval: float = 1.0
     request_timeout: float = 10.0
     ask_threads: int = 4
+    hello_timeout: float = 10.0
     shutdown_grace: float = 1.0
 
     def __post_init__(self) -> None:
@@ -72,6 +75,7 @@ class CoordinatorServerSettings:
                 "keepalive_timeout",
                 "min_ping_interval",
                 "request_timeout",
+                "hello_timeout",
                 "shutdown_grace",
             ),
         )
@@ -86,6 +90,7 @@ class CoordinatorServerSettings:
             (self.min_ping_interval > 0, "min_ping_interval must be above 0 seconds"),
             (self.request_timeout > 0, "request_timeout must be above 0 seconds"),
             (self.ask_threads >= 1, f"ask_threads must be at least 1, got {self.ask_threads}"),
+            (self.hello_timeout > 0, "hello_timeout must be above 0 seconds"),
             (self.shutdown_grace >= 0, "shutdown_grace must be 0 seconds or more"),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
         ]

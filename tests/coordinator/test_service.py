@@ -33,6 +33,7 @@ from pykka_delivery.coordinator import (
     SIMPLE,
     ActivationInterval,
     Activity,
+    Command,
     ConnectionRejected,
     Connectivity,
     CoordinatedConsumer,
@@ -48,6 +49,7 @@ from pykka_delivery.coordinator import (
     Execute,
     GroupId,
     GroupInfo,
+    MemoryCommandLog,
     Refusal,
     Registered,
     SendConsumerUpdate,
@@ -1207,3 +1209,54 @@ def test_answers_sent_on_attaching_go_out_after_an_earlier_rejection(
         clients.pop().close(goodbye=False)
         scripted.done.set()
         grpc_server.stop(0).wait(WAIT)
+
+
+def test_a_stream_that_sends_no_hello_is_ended_after_hello_timeout(serve: Serve) -> None:
+    server = serve(hello_timeout=0.2)
+    channel, stub = raw_stub(server.address)
+    silent = threading.Event()
+
+    def nothing() -> Iterator[pb.ClientMessage]:
+        silent.wait(WAIT)  # sends nothing until the test ends
+        yield from ()
+
+    with channel:
+        stream = stub.Connect(nothing(), timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as ended:
+            list(stream)
+        silent.set()
+
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "hello_timeout" in (ended.value.details() or "")
+    assert server.statistics().rejected == 1
+
+
+class _FailingLog(MemoryCommandLog):
+    """A log whose appends fail, as a full disk would make them."""
+
+    def append(self, command: Command) -> None:
+        raise OSError("No space left on device")
+
+
+def test_a_request_the_coordinator_fails_on_ends_the_stream_with_unavailable() -> None:
+    actor = CoordinatorActor.start(_FailingLog())
+    server = CoordinatorServer(actor).start()
+    register = pb.ClientMessage(
+        request_id=2,
+        register=pb.Register(
+            group=pb.GroupKey(namespace="a", stream="b", name="c"), subscription_id=1
+        ),
+    )
+    try:
+        channel, stub = raw_stub(server.address)
+        with channel:
+            stream = stub.Connect(iter([hello(), register]), timeout=WAIT)
+            with pytest.raises(grpc.RpcError) as ended:
+                list(stream)
+    finally:
+        server.stop()
+        actor.stop()
+
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "failed on RegisterConsumer" in (ended.value.details() or "")
+    assert "No space left on device" in (ended.value.details() or "")
