@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class CoordinatorStub:
-    """Missing associated documentation comment in .proto file."""
+    """The single-active-consumer coordinator: consumers register here and are told when
+    they are active.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +49,9 @@ class CoordinatorStub:
 
 
 class CoordinatorServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The single-active-consumer coordinator: consumers register here and are told when
+    they are active.
+    """
 
     def Connect(self, request_iterator, context):
         """The connection of one client: `ClientMessage`s in (the first a `Hello`),
@@ -86,7 +90,9 @@ def add_CoordinatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Coordinator:
-    """Missing associated documentation comment in .proto file."""
+    """The single-active-consumer coordinator: consumers register here and are told when
+    they are active.
+    """
 
     @staticmethod
     def Connect(request_iterator,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class NodeStub:
-    """Missing associated documentation comment in .proto file."""
+    """One process of pykka-delivery: other nodes open links to it.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -42,7 +43,8 @@ class NodeStub:
 
 
 class NodeServicer:
-    """Missing associated documentation comment in .proto file."""
+    """One process of pykka-delivery: other nodes open links to it.
+    """
 
     def Link(self, request_iterator, context):
         """The link: the opener writes frames (the first with `hello`), the other node answers
@@ -69,7 +71,8 @@ def add_NodeServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Node:
-    """Missing associated documentation comment in .proto file."""
+    """One process of pykka-delivery: other nodes open links to it.
+    """
 
     @staticmethod
     def Link(request_iterator,
