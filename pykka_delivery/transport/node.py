@@ -201,14 +201,16 @@ class _Peer:
             node._loop.call_soon_threadsafe(self.wake.set)
             if type(message) in PROMPT and threading.get_ident() != node._loop_thread_id:
                 time.sleep(0)  # the node's thread writes it now; the other side waits for it
-        elif (
-            time.monotonic() - self.oldest >= node.settings.yield_after
-            and threading.get_ident() != node._loop_thread_id
-        ):
-            # A busy application thread would keep the GIL for a whole switch interval
-            # (5 ms) while the batch waits: hand it over, once per yield_after.
-            self.oldest = time.monotonic()
-            time.sleep(0)
+        else:
+            now = time.monotonic()
+            if (
+                now - self.oldest >= node.settings.yield_after
+                and threading.get_ident() != node._loop_thread_id
+            ):
+                # A busy application thread would keep the GIL for a whole switch interval
+                # (5 ms) while the batch waits: hand it over, once per yield_after.
+                self.oldest = now
+                time.sleep(0)
 
     async def run(self) -> None:
         """The writer: one frame per write, holding everything that was waiting."""
