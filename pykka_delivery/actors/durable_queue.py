@@ -1,0 +1,178 @@
+"""The durable producer queue: what a producer controller stores so that a crash loses
+nothing (a port of Akka's ``DurableProducerQueue``; names kept).
+
+The producer controller stores each message (or chunk) *before* it sends it, and stores
+confirmations behind (cumulative, per confirmation qualifier). A controller started again
+with the same producer id on the same queue loads the `DurableProducerState`, resends every
+unconfirmed message with its original seq_nr, and continues the numbering.
+
+Unlike Akka's, our queue is called directly, not asked through messages: the stores we
+ship are embedded (SQLite, memory), so a call is cheaper than a thread hop. A call that
+fails raises `DurableQueueError`; the controller retries it
+(``ProducerControllerSettings.durable_queue_retry_attempts``) and, if every attempt fails,
+stops, as Akka's controller crashes: starting it again reloads a consistent state.
+
+Contract of every implementation (the tests in ``tests/durable`` hold each to it):
+
+* `load_state` returns the stored state with partially stored chunked messages removed
+  (`DurableProducerState.cleanup_partial_chunked_messages`).
+* `store_message_sent` returns once the message is stored as the queue's fsync policy
+  defines. It is idempotent: storing again the seq_nr stored last is accepted and changes
+  nothing (a retry after an error whose write did land). Any other seq_nr than the next one
+  (``current_seq_nr``) raises `DurableQueueError`.
+* `store_messages_sent` stores consecutive messages as one write, all or none.
+* `store_message_confirmed` may be written behind (buffered, made durable by the next
+  store or by `flush`). It is idempotent: a seq_nr not above the one stored for its
+  qualifier changes nothing. Confirmed messages are removed.
+* `flush` makes everything buffered durable; `close` flushes and releases the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+from pykka_delivery.actors.messages import ChunkedMessage
+from pykka_delivery.errors import DeliveryError
+
+__all__ = [
+    "NO_QUALIFIER",
+    "DurableProducerQueue",
+    "DurableProducerState",
+    "DurableQueueError",
+    "MessageSent",
+]
+
+NO_QUALIFIER = ""
+"""The confirmation qualifier of point-to-point delivery (Akka's ``NoQualifier``). Work
+pulling uses one qualifier per worker."""
+
+
+class DurableQueueError(DeliveryError):
+    """A durable producer queue could not load or store; the message names what and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSent:
+    """One stored message (or chunk) awaiting confirmation.
+
+    ``message`` is the payload, or a `ChunkedMessage` when chunking is on. ``ack`` is True
+    for a `MessageWithConfirmation`. ``confirmation_qualifier`` says whose confirmation
+    removes it (`NO_QUALIFIER` point to point, the worker's in work pulling).
+    """
+
+    seq_nr: int
+    message: Any
+    ack: bool
+    confirmation_qualifier: str
+    timestamp_millis: int
+
+    @property
+    def is_first_chunk(self) -> bool:
+        """True for the first piece of a chunked message, and for a message not chunked."""
+        message = self.message
+        return not isinstance(message, ChunkedMessage) or message.first_chunk
+
+    @property
+    def is_last_chunk(self) -> bool:
+        """True for the last piece of a chunked message, and for a message not chunked."""
+        message = self.message
+        return not isinstance(message, ChunkedMessage) or message.last_chunk
+
+
+@dataclass(frozen=True, slots=True)
+class DurableProducerState:
+    """What a durable producer queue holds (Akka's ``DurableProducerQueue.State``).
+
+    Attributes:
+        current_seq_nr: the next seq_nr to store.
+        highest_confirmed_seq_nr: the highest seq_nr confirmed under any qualifier.
+        confirmed_seq_nr: per qualifier, the highest confirmed seq_nr and when it was
+            confirmed (milliseconds since the epoch).
+        unconfirmed: the stored messages not yet confirmed, in seq_nr order.
+    """
+
+    current_seq_nr: int = 1
+    highest_confirmed_seq_nr: int = 0
+    confirmed_seq_nr: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    unconfirmed: tuple[MessageSent, ...] = ()
+
+    def add_message_sent(self, sent: MessageSent) -> DurableProducerState:
+        """The state after storing ``sent``: it is unconfirmed and the next seq_nr follows it."""
+        return replace(self, current_seq_nr=sent.seq_nr + 1, unconfirmed=(*self.unconfirmed, sent))
+
+    def confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> DurableProducerState:
+        """The state after confirming up to ``seq_nr`` for ``qualifier`` (cumulative):
+        that qualifier's unconfirmed messages up to ``seq_nr`` are removed, the others kept."""
+        unconfirmed = tuple(
+            m
+            for m in self.unconfirmed
+            if not (m.confirmation_qualifier == qualifier and m.seq_nr <= seq_nr)
+        )
+        return replace(
+            self,
+            highest_confirmed_seq_nr=max(self.highest_confirmed_seq_nr, seq_nr),
+            confirmed_seq_nr={**self.confirmed_seq_nr, qualifier: (seq_nr, timestamp_millis)},
+            unconfirmed=unconfirmed,
+        )
+
+    def cleanup(self, qualifiers: Sequence[str]) -> DurableProducerState:
+        """The state without the confirmation records of ``qualifiers`` (workers gone)."""
+        gone = set(qualifiers)
+        return replace(
+            self,
+            confirmed_seq_nr={q: v for q, v in self.confirmed_seq_nr.items() if q not in gone},
+        )
+
+    def cleanup_partial_chunked_messages(self) -> DurableProducerState:
+        """The state without the pieces of chunked messages that were not stored whole.
+
+        Pieces are stored one at a time; a crash between them leaves a message whose last
+        piece is missing. Such pieces are dropped and their seq_nrs are used again by the
+        next message (``current_seq_nr`` follows the last complete message).
+        """
+        if all(m.is_first_chunk and m.is_last_chunk for m in self.unconfirmed):
+            return self
+        kept: list[MessageSent] = []
+        group: list[MessageSent] = []
+        current = self.highest_confirmed_seq_nr + 1
+        for m in self.unconfirmed:
+            if m.is_first_chunk and m.is_last_chunk:
+                kept.append(m)
+                group = []
+                current = m.seq_nr + 1
+            elif m.is_first_chunk:
+                group = [m]
+            elif m.is_last_chunk:
+                if group:
+                    kept.extend(group)
+                    kept.append(m)
+                    current = m.seq_nr + 1
+                group = []
+            elif group:
+                group.append(m)
+        return replace(self, current_seq_nr=current, unconfirmed=tuple(kept))
+
+
+@runtime_checkable
+class DurableProducerQueue(Protocol):
+    """Where a producer controller keeps its unconfirmed messages (see the module
+    docstring for the contract)."""
+
+    def load_state(self) -> DurableProducerState: ...
+
+    def store_message_sent(self, sent: MessageSent) -> None: ...
+
+    def store_messages_sent(self, sents: Sequence[MessageSent]) -> None:
+        """Store several messages, consecutive seq_nrs, at once (one transaction): what a
+        batch costs is one durable write, not one per message. All or none are stored."""
+        ...
+
+    def store_message_confirmed(
+        self, seq_nr: int, qualifier: str, timestamp_millis: int
+    ) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
