@@ -9,9 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pykka_delivery.actors.durable_queue import MessageSent
 from pykka_delivery.actors.messages import Ref, fast_frozen_init
 
-__all__ = ["CancelTimer", "Effect", "Send", "StartTimer", "Stop"]
+__all__ = [
+    "CancelTimer",
+    "Effect",
+    "Send",
+    "StartTimer",
+    "Stop",
+    "StoreMessageConfirmed",
+    "StoreMessageSent",
+]
 
 
 @fast_frozen_init
@@ -40,8 +49,27 @@ class CancelTimer:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreMessageSent:
+    """Store ``sent`` in the durable producer queue; the effects after this one (the send
+    of that message among them) run only once it is stored. If storing fails after the
+    configured retries, the shell stops the controller instead of going on."""
+
+    sent: MessageSent
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMessageConfirmed:
+    """Store in the durable producer queue that ``qualifier``'s messages up to ``seq_nr``
+    are confirmed (the queue may write it behind)."""
+
+    seq_nr: int
+    qualifier: str
+    timestamp_millis: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The controller has finished: stop it (after carrying out the effects before it)."""
 
 
-Effect = Send | StartTimer | CancelTimer | Stop
+Effect = Send | StartTimer | CancelTimer | Stop | StoreMessageSent | StoreMessageConfirmed
