@@ -8,7 +8,9 @@ differ from RabbitMQ's. The command names are the coordinator's own: its
 
 The shell: `CoordinatorActor` runs the machine, carries out its effects (consumer updates
 to connection sinks, timers) and appends every state-changing command to a `CommandLog`
-(`SqliteCommandLog` for one durable file) before carrying out its effects.
+(`SqliteCommandLog` for one durable file) before carrying out its effects. It also keeps
+the service directory (`ServiceDirectory`) that work pulling across processes uses as its
+registry.
 """
 
 from pykka_delivery.coordinator.actor import (
@@ -52,6 +54,7 @@ from pykka_delivery.coordinator.coordinated_consumer import (
     ActivationInterval,
     CoordinatedConsumer,
 )
+from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import (
     CancelTimer,
     CheckConnection,
@@ -150,6 +153,9 @@ __all__ = [
     "Registered",
     "Reply",
     "SendConsumerUpdate",
+    "ServiceDirectory",
+    "ServiceEntry",
+    "ServiceKey",
     "SqliteCommandLog",
     "StartTimer",
     "UnregisterConsumer",

@@ -14,6 +14,13 @@ effects (STYLE.md rule 9: it never blocks on another actor):
 * `WatchConnection` / `UnwatchConnection` maintain the set of connections that have
   consumers; the sweep looks at those.
 
+The actor also keeps the service directory (`directory.py`): `RegisterService`,
+`DeregisterService`, `WatchService`, `UnwatchService`. It is not logged (clients register
+and watch again when their streams reopen). A listing goes to every watcher with a sink
+after each change of its key, and to a connection for each key it watches when it
+attaches. The entries of a lost connection leave after ``disconnected_timeout`` unless it
+attaches again; those of a connection that says goodbye leave at once.
+
 Durability: every command that changed the state is appended to the `CommandLog` before
 its effects are carried out, so a crash after an update was sent never loses the change
 that caused it. Refused commands and commands that leave the state as it was (a stale
@@ -46,6 +53,7 @@ import pykka
 
 from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
 from pykka_delivery.coordinator.commands import (
+    OK,
     Command,
     ConnectionDown,
     ConnectionLost,
@@ -56,6 +64,7 @@ from pykka_delivery.coordinator.commands import (
     Refused,
     Reply,
 )
+from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import (
     CancelTimer,
     CheckConnection,
@@ -78,9 +87,13 @@ __all__ = [
     "ConnectionSink",
     "CoordinatorActor",
     "CoordinatorStats",
+    "DeregisterService",
     "Detach",
     "Execute",
     "ListGroups",
+    "RegisterService",
+    "UnwatchService",
+    "WatchService",
 ]
 
 logger = logging.getLogger("pykka_delivery.coordinator")
@@ -90,6 +103,7 @@ DEFAULT_SWEEP_INTERVAL = 30.0
 
 _SWEEP = "sweep"
 _DISCONNECTED = "disconnected:"
+_SERVICES = "services:"
 
 
 class ConnectionSink(Protocol):
@@ -98,6 +112,10 @@ class ConnectionSink(Protocol):
     def send_update(self, update: SendConsumerUpdate) -> None:
         """Queue ``update`` for the connection. Must not block; called from any thread.
         An exception makes the coordinator treat the connection as lost."""
+        ...
+
+    def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
+        """Queue the listing of a watched service key, as `send_update`."""
         ...
 
 
@@ -133,6 +151,40 @@ class Detach:
 
 
 @dataclass(frozen=True, slots=True)
+class RegisterService:
+    """Add (or replace) ``entry`` under ``key``; it belongs to ``entry.connection``.
+    Ask: `OK`."""
+
+    key: ServiceKey
+    entry: ServiceEntry
+
+
+@dataclass(frozen=True, slots=True)
+class DeregisterService:
+    """Remove ``connection``'s entry ``registration_id`` under ``key``. Ask: `OK`."""
+
+    key: ServiceKey
+    connection: str
+    registration_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchService:
+    """Send ``connection`` the listing of ``key`` now and after each change. Ask: `OK`."""
+
+    key: ServiceKey
+    connection: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnwatchService:
+    """Stop sending ``connection`` the listing of ``key``. Ask: `OK`."""
+
+    key: ServiceKey
+    connection: str
+
+
+@dataclass(frozen=True, slots=True)
 class ListGroups:
     """Ask: every group (of ``namespace``, if given) with its consumers, a tuple of
     `GroupInfo` sorted by group key."""
@@ -152,6 +204,7 @@ class CoordinatorStats:
             when it attaches).
         sink_failures: sinks whose ``send_update`` raised (their connection became lost).
         connections_purged: connections removed by the stale-connection sweep.
+        listings_sent: service listings handed to a sink.
     """
 
     commands_applied: int = 0
@@ -160,6 +213,7 @@ class CoordinatorStats:
     updates_skipped: int = 0
     sink_failures: int = 0
     connections_purged: int = 0
+    listings_sent: int = 0
 
 
 # --- the actor -------------------------------------------------------------------------------
@@ -218,6 +272,7 @@ class CoordinatorActor(pykka.ThreadingActor):
         self._sweep_interval = sweep_interval
         self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
         self._sinks: dict[str, ConnectionSink] = {}
+        self._directory = ServiceDirectory()
         self._watched: set[str] = set()
         self._detached_since: dict[str, float] = {}  # watched connections without a sink
         self._follow_ups: collections.deque[Command] = collections.deque()
@@ -276,6 +331,9 @@ class CoordinatorActor(pykka.ThreadingActor):
             return None
         if type(message) is ListGroups:
             return list_groups(self._state, message.namespace)
+        if type(message) in _DIRECTORY_MESSAGES:
+            self._on_directory(message)
+            return OK
         # Logged, not raised: an exception from a `tell` would stop the coordinator.
         logger.error("Coordinator ignored unexpected message %r", message)
         return None
@@ -289,6 +347,13 @@ class CoordinatorActor(pykka.ThreadingActor):
             return  # cancelled or replaced after it fired
         if fired.key == _SWEEP:
             self._sweep()
+            return
+        if fired.key.startswith(_SERVICES):
+            self._timers.cancel(fired.key)
+            connection = fired.key.removeprefix(_SERVICES)
+            if connection not in self._sinks:
+                logger.info("Connection %r still lost: its service entries leave", connection)
+                self._drop_entries(connection)
             return
         self._timers.cancel(fired.key)  # `Timers` repeat; the machine's timers are one-shot
         self._submit(DisconnectedTimeout(fired.key.removeprefix(_DISCONNECTED)))
@@ -313,6 +378,10 @@ class CoordinatorActor(pykka.ThreadingActor):
             self._just_sent = None
         self._send_all(u for u in self._current_updates(connection) if u not in sent)
         self._drain()  # a sink that failed during the re-send
+        self._timers.cancel(_SERVICES + connection)
+        for key in self._directory.watched_by(connection):
+            self._send_listing(connection, key)
+        self._drain()
 
     def _detach(self, message: Detach) -> None:
         connection = message.connection
@@ -325,11 +394,61 @@ class CoordinatorActor(pykka.ThreadingActor):
             self._submit(ConnectionLost(connection, now=self._clock()))
         else:
             self._submit(ConnectionDown(connection))
+            self._directory.drop_watches(connection)
+            self._drop_entries(connection)
 
     def _lose_sink(self, connection: str) -> None:
         del self._sinks[connection]
+        if self._directory.has_entries(connection):
+            # Its entries stay for the grace a lost connection's consumers get.
+            self._timers.start(_SERVICES + connection, self._state.settings.disconnected_timeout)
         if connection in self._watched:
             self._detached_since[connection] = self._monotonic()
+
+    # --- the service directory
+
+    def _on_directory(self, message: Any) -> None:
+        directory = self._directory
+        key: ServiceKey = message.key
+        if type(message) is RegisterService:
+            if directory.register(key, message.entry):
+                self._listing_changed(key)
+        elif type(message) is DeregisterService:
+            if directory.deregister(key, message.connection, message.registration_id):
+                self._listing_changed(key)
+        elif type(message) is WatchService:
+            directory.watch(key, message.connection)
+            self._send_listing(message.connection, key)
+        else:
+            directory.unwatch(key, message.connection)
+        self._drain()
+
+    def _drop_entries(self, connection: str) -> None:
+        for key in self._directory.drop_entries(connection):
+            self._listing_changed(key)
+        self._drain()
+
+    def _listing_changed(self, key: ServiceKey) -> None:
+        for connection in sorted(self._directory.watchers(key)):
+            self._send_listing(connection, key)
+
+    def _send_listing(self, connection: str, key: ServiceKey) -> None:
+        sink = self._sinks.get(connection)
+        if sink is None:
+            return  # sent when it attaches again
+        try:
+            sink.send_listing(key, self._directory.listing(key))
+        except Exception:
+            self._count(sink_failures=1)
+            logger.warning(
+                "Sink of connection %r failed on a listing: treating the connection as lost",
+                connection,
+                exc_info=True,
+            )
+            self._lose_sink(connection)
+            self._follow_ups.append(ConnectionLost(connection, now=self._clock()))
+            return
+        self._count(listings_sent=1)
 
     def _current_updates(self, connection: str) -> list[SendConsumerUpdate]:
         """The update each connected consumer of ``connection`` was last sent."""
@@ -438,3 +557,6 @@ class CoordinatorActor(pykka.ThreadingActor):
     def _count(self, **increments: int) -> None:
         for name, increment in increments.items():
             self._counters[name] += increment
+
+
+_DIRECTORY_MESSAGES = frozenset({RegisterService, DeregisterService, WatchService, UnwatchService})

@@ -24,6 +24,11 @@ Theory of operation:
   the coordinator re-sends the step-downs still pending when the stream attaches, and the
   consumer answers them again. Re-sent, an answer to an earlier step-down could count for
   a later step-down of the same consumer (docs/coordinator.md, "Service and client").
+* The service directory (work pulling across processes): `register_service` puts a
+  worker's address under a service key, `watch_service` has the listing of a key sent to a
+  callback now and on every change. Both belong to the connection and are sent again on
+  every new stream (the coordinator does not store them), so they survive reconnects and
+  coordinator restarts.
 * `close` sends ``Goodbye`` (the coordinator removes the consumers at once), but first
   tells the listeners the connection is down and waits, up to ``close_timeout``, for what
   they return (a `CoordinatedConsumer`: its delivery in flight confirmed and its
@@ -67,6 +72,7 @@ from pykka_delivery.coordinator.commands import (
     Registered,
     UnregisterConsumer,
 )
+from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.queries import GroupInfo
 from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
@@ -86,6 +92,7 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 OnUpdate = Callable[[SendConsumerUpdate], None]
+OnListing = Callable[[tuple[ServiceEntry, ...]], None]
 Listener = Callable[[bool], object]
 
 # Refusals of the stream itself that retrying as is will not fix (a configuration error).
@@ -162,6 +169,7 @@ class _Request:
     future: concurrent.futures.Future[Any]
     subscription: _Subscription | None = None  # a register: dropped again if refused
     forgiving: bool = False  # an unregister: "not found" means done
+    on_listing: OnListing | None = None  # a watch_service
 
 
 class CoordinatorClient:
@@ -210,6 +218,9 @@ class CoordinatorClient:
         self._subscriptions: dict[tuple[GroupId, int], _Subscription] = {}
         self._pending: dict[int, _Request] = {}
         self._replays: dict[int, _Subscription] = {}  # this stream's re-registrations
+        self._services: dict[tuple[ServiceKey, int], str] = {}  # registered addresses
+        self._watches: dict[ServiceKey, OnListing] = {}
+        self._registration_ids = itertools.count(1)
         # Activations of subscriptions not registered (yet), and their grace timers.
         self._orphans: dict[
             tuple[GroupId, int], tuple[SendConsumerUpdate, asyncio.TimerHandle]
@@ -437,6 +448,78 @@ class CoordinatorClient:
 
     # --- requests (caller's thread) -----------------------------------------------------
 
+    def register_service(
+        self, key: str, address: str, *, namespace: str = "", timeout: float | None = None
+    ) -> int:
+        """Register ``address`` (where a worker is reached, e.g. a transport address
+        ``host:port/name``) under service ``key``; watchers of the key are sent the new
+        listing. The entry stays while this connection lives (see the module docstring).
+
+        Returns:
+            The registration id, for `deregister_service`.
+
+        Raises:
+            ValueError: ``key`` or ``address`` is empty.
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        service = ServiceKey(namespace, key)
+        registration_id = next(self._registration_ids)
+        ServiceEntry(address, self.connection_id, registration_id)  # checks the address
+        message = wire.register_service_message(
+            next(self._request_ids), service, address, registration_id
+        )
+        self._wait(_Request(message, concurrent.futures.Future()), timeout)
+        return registration_id
+
+    def deregister_service(
+        self, key: str, registration_id: int, *, namespace: str = "", timeout: float | None = None
+    ) -> None:
+        """Remove this connection's entry ``registration_id`` under ``key`` (done also if
+        it is not there).
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        message = wire.deregister_service_message(
+            next(self._request_ids), ServiceKey(namespace, key), registration_id
+        )
+        self._wait(_Request(message, concurrent.futures.Future()), timeout)
+
+    def watch_service(
+        self,
+        key: str,
+        on_listing: OnListing,
+        *,
+        namespace: str = "",
+        timeout: float | None = None,
+    ) -> None:
+        """Call ``on_listing`` with every entry under service ``key`` now and after each
+        change (on the client's thread: keep it quick). Watching a key again replaces
+        the callback. Listings come again after a reconnect; the last one is the truth.
+
+        Raises:
+            ValueError: ``key`` is empty.
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        service = ServiceKey(namespace, key)
+        message = wire.watch_service_message(next(self._request_ids), service)
+        self._wait(_Request(message, concurrent.futures.Future(), on_listing=on_listing), timeout)
+
+    def unwatch_service(
+        self, key: str, *, namespace: str = "", timeout: float | None = None
+    ) -> None:
+        """Stop the listings of ``key``.
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        message = wire.unwatch_service_message(next(self._request_ids), ServiceKey(namespace, key))
+        self._wait(_Request(message, concurrent.futures.Future()), timeout)
+
     def _unregister_request(self, group: GroupId, subscription_id: int) -> _Request:
         UnregisterConsumer(
             group.namespace, group.stream, group.name, self.connection_id, subscription_id
@@ -518,9 +601,40 @@ class CoordinatorClient:
         elif kind == "unregister":
             u = message.unregister
             self._subscriptions.pop((wire.group_id(u.group), u.subscription_id), None)
+        elif kind in wire.DIRECTORY_REQUESTS:
+            self._note_directory_request(message, request.on_listing)
         self._pending[message.request_id] = request
         if self._outbox is not None:
             self._outbox.put_nowait(message)
+
+    def _note_directory_request(
+        self, message: pb.ClientMessage, on_listing: OnListing | None
+    ) -> None:
+        """Remember what a new stream must register and watch again."""
+        kind = message.WhichOneof("body")
+        if kind == "register_service":
+            r = message.register_service
+            self._services[(ServiceKey(r.namespace, r.key), r.registration_id)] = r.address
+        elif kind == "deregister_service":
+            d = message.deregister_service
+            self._services.pop((ServiceKey(d.namespace, d.key), d.registration_id), None)
+        elif kind == "watch_service":
+            assert on_listing is not None
+            w = message.watch_service
+            self._watches[ServiceKey(w.namespace, w.key)] = on_listing
+        else:
+            u = message.unwatch_service
+            self._watches.pop(ServiceKey(u.namespace, u.key), None)
+
+    def _on_listing(self, listing: pb.ServiceListing) -> None:
+        key, entries = wire.listing_of(listing)
+        on_listing = self._watches.get(key)
+        if on_listing is None or self._stopping:
+            return
+        try:
+            on_listing(entries)
+        except Exception:
+            logger.exception("on_listing of service %r failed", key.key)
 
     async def _run(self) -> None:
         s = self.settings
@@ -564,8 +678,11 @@ class CoordinatorClient:
                     message = await call.read()
                     if message is grpc.aio.EOF:
                         break
-                    if message.WhichOneof("body") == "update":
+                    body = message.WhichOneof("body")
+                    if body == "update":
                         self._on_update(message.update)
+                    elif body == "listing":
+                        self._on_listing(message.listing)
                     elif message.reply.request_id == hello_id:
                         self._attaches += 1
                         self._set_attached(True)
@@ -626,6 +743,16 @@ class CoordinatorClient:
                     request_id, sub.group, sub.subscription_id, sub.partition_index
                 )
             )
+        # The directory is not stored by the coordinator: register and watch again. The
+        # replies match no pending request and are ignored.
+        for (service, registration_id), address in self._services.items():
+            outbox.put_nowait(
+                wire.register_service_message(
+                    next(self._request_ids), service, address, registration_id
+                )
+            )
+        for service in self._watches:
+            outbox.put_nowait(wire.watch_service_message(next(self._request_ids), service))
         for request in self._pending.values():
             outbox.put_nowait(request.message)
         return hello_id, outbox

@@ -42,6 +42,7 @@ import pykka
 from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups
 from pykka_delivery.coordinator.commands import OK
+from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
 from pykka_delivery.protocol import coordinator_pb2 as pb
@@ -105,9 +106,14 @@ class _Sink:
         self.open = True
 
     def send_update(self, update: SendConsumerUpdate) -> None:
-        if not self.open:
-            return
-        message = wire.update_message(update)
+        if self.open:
+            self._put(wire.update_message(update))
+
+    def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
+        if self.open:
+            self._put(wire.listing_message(key, entries))
+
+    def _put(self, message: pb.ServerMessage) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
             self._loop.call_soon_threadsafe(self._outbox.put_nowait, message)
 
@@ -263,18 +269,24 @@ class _Stream:
 
     async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
         self.server._counters.requests += 1
+        request: Any
         try:
-            command = wire.command_of(message, self.connection, self.node, self.owner)
+            if message.WhichOneof("body") in wire.DIRECTORY_REQUESTS:
+                request = wire.directory_request_of(message, self.connection, self.node)
+                what = type(request).__name__
+            else:
+                command = wire.command_of(message, self.connection, self.node, self.owner)
+                request, what = Execute(command), type(command).__name__
         except ValueError as error:
             return wire.invalid_request_message(message.request_id, str(error))
         try:
-            reply = await self.server._ask(Execute(command))
+            reply = await self.server._ask(request)
         except _Unavailable:
             raise
         except Exception as error:  # the actor failed on it: its store, most likely
-            logger.exception("The coordinator failed on %s", type(command).__name__)
+            logger.exception("The coordinator failed on %s", what)
             msg = (
-                f"the coordinator failed on {type(command).__name__}: {error} (see its log; "
+                f"the coordinator failed on {what}: {error} (see its log; "
                 "the request was not applied and is sent again when the stream reopens)"
             )
             raise _Unavailable(msg) from error

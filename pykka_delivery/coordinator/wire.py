@@ -9,6 +9,12 @@ a bad request is a `ValueError` naming the field, which the service returns as a
 
 from __future__ import annotations
 
+from pykka_delivery.coordinator.actor import (
+    DeregisterService,
+    RegisterService,
+    UnwatchService,
+    WatchService,
+)
 from pykka_delivery.coordinator.commands import (
     OK,
     ActivateConsumer,
@@ -20,15 +26,19 @@ from pykka_delivery.coordinator.commands import (
     Reply,
     UnregisterConsumer,
 )
+from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.queries import GroupInfo
 from pykka_delivery.coordinator.state import SIMPLE, Activity, Connectivity, Consumer, GroupId
 from pykka_delivery.protocol import coordinator_pb2 as pb
 
 __all__ = [
+    "DIRECTORY_REQUESTS",
     "INVALID_REQUEST",
     "activate_message",
     "command_of",
+    "deregister_service_message",
+    "directory_request_of",
     "goodbye_message",
     "group_id",
     "group_key",
@@ -36,12 +46,17 @@ __all__ = [
     "groups_message",
     "hello_message",
     "invalid_request_message",
+    "listing_message",
+    "listing_of",
     "refusal_reason",
     "register_message",
+    "register_service_message",
     "reply_message",
     "reply_of",
     "unregister_message",
+    "unwatch_service_message",
     "update_message",
+    "watch_service_message",
 ]
 
 INVALID_REQUEST = "invalid_request"
@@ -132,6 +147,88 @@ def command_of(
         return ActivateConsumer(g.namespace, g.stream, g.name)
     msg = f"expected register, unregister or activate, got {kind or 'an empty message'}"
     raise ValueError(msg)
+
+
+# --- the service directory -------------------------------------------------------------
+
+DIRECTORY_REQUESTS = frozenset(
+    {"register_service", "deregister_service", "watch_service", "unwatch_service"}
+)
+"""The ``ClientMessage`` bodies that are service-directory requests."""
+
+DirectoryRequest = RegisterService | DeregisterService | WatchService | UnwatchService
+
+
+def directory_request_of(message: pb.ClientMessage, connection: str, node: str) -> DirectoryRequest:
+    """The directory request a client message asks for, on behalf of ``connection``.
+
+    Raises:
+        ValueError: a field is invalid (the message names it), or the message is not a
+            directory request.
+    """
+    kind = message.WhichOneof("body")
+    if kind == "register_service":
+        r = message.register_service
+        entry = ServiceEntry(r.address, connection, r.registration_id, node)
+        return RegisterService(ServiceKey(r.namespace, r.key), entry)
+    if kind == "deregister_service":
+        d = message.deregister_service
+        return DeregisterService(ServiceKey(d.namespace, d.key), connection, d.registration_id)
+    if kind == "watch_service":
+        w = message.watch_service
+        return WatchService(ServiceKey(w.namespace, w.key), connection)
+    if kind == "unwatch_service":
+        u = message.unwatch_service
+        return UnwatchService(ServiceKey(u.namespace, u.key), connection)
+    msg = f"expected a service directory request, got {kind or 'an empty message'}"
+    raise ValueError(msg)
+
+
+def register_service_message(
+    request_id: int, key: ServiceKey, address: str, registration_id: int
+) -> pb.ClientMessage:
+    body = pb.RegisterService(
+        namespace=key.namespace, key=key.key, address=address, registration_id=registration_id
+    )
+    return pb.ClientMessage(request_id=request_id, register_service=body)
+
+
+def deregister_service_message(
+    request_id: int, key: ServiceKey, registration_id: int
+) -> pb.ClientMessage:
+    body = pb.DeregisterService(
+        namespace=key.namespace, key=key.key, registration_id=registration_id
+    )
+    return pb.ClientMessage(request_id=request_id, deregister_service=body)
+
+
+def watch_service_message(request_id: int, key: ServiceKey) -> pb.ClientMessage:
+    body = pb.WatchService(namespace=key.namespace, key=key.key)
+    return pb.ClientMessage(request_id=request_id, watch_service=body)
+
+
+def unwatch_service_message(request_id: int, key: ServiceKey) -> pb.ClientMessage:
+    body = pb.UnwatchService(namespace=key.namespace, key=key.key)
+    return pb.ClientMessage(request_id=request_id, unwatch_service=body)
+
+
+def listing_message(key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> pb.ServerMessage:
+    listing = pb.ServiceListing(namespace=key.namespace, key=key.key)
+    for e in entries:
+        listing.entries.add(
+            address=e.address,
+            connection=e.connection,
+            registration_id=e.registration_id,
+            node=e.node,
+        )
+    return pb.ServerMessage(listing=listing)
+
+
+def listing_of(listing: pb.ServiceListing) -> tuple[ServiceKey, tuple[ServiceEntry, ...]]:
+    entries = tuple(
+        ServiceEntry(e.address, e.connection, e.registration_id, e.node) for e in listing.entries
+    )
+    return ServiceKey(listing.namespace, listing.key), entries
 
 
 def reply_message(request_id: int, reply: Reply) -> pb.ServerMessage:

@@ -94,21 +94,67 @@ class Goodbye(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RegisterService(_message.Message):
+    __slots__ = ("namespace", "key", "address", "registration_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    key: str
+    address: str
+    registration_id: int
+    def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ..., address: _Optional[str] = ..., registration_id: _Optional[int] = ...) -> None: ...
+
+class DeregisterService(_message.Message):
+    __slots__ = ("namespace", "key", "registration_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    key: str
+    registration_id: int
+    def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ..., registration_id: _Optional[int] = ...) -> None: ...
+
+class WatchService(_message.Message):
+    __slots__ = ("namespace", "key")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    key: str
+    def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class UnwatchService(_message.Message):
+    __slots__ = ("namespace", "key")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    key: str
+    def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
 class ClientMessage(_message.Message):
-    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye")
+    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     UNREGISTER_FIELD_NUMBER: _ClassVar[int]
     ACTIVATE_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    DEREGISTER_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    WATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    UNWATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     register: Register
     unregister: Unregister
     activate: Activate
     goodbye: Goodbye
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    register_service: RegisterService
+    deregister_service: DeregisterService
+    watch_service: WatchService
+    unwatch_service: UnwatchService
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ...) -> None: ...
 
 class Ok(_message.Message):
     __slots__ = ()
@@ -150,13 +196,37 @@ class ConsumerUpdate(_message.Message):
     active: bool
     def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
 
+class ServiceEntry(_message.Message):
+    __slots__ = ("address", "connection", "registration_id", "node")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    connection: str
+    registration_id: int
+    node: str
+    def __init__(self, address: _Optional[str] = ..., connection: _Optional[str] = ..., registration_id: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ServiceListing(_message.Message):
+    __slots__ = ("namespace", "key", "entries")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    key: str
+    entries: _containers.RepeatedCompositeFieldContainer[ServiceEntry]
+    def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ServiceEntry, _Mapping]]] = ...) -> None: ...
+
 class ServerMessage(_message.Message):
-    __slots__ = ("reply", "update")
+    __slots__ = ("reply", "update", "listing")
     REPLY_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
+    LISTING_FIELD_NUMBER: _ClassVar[int]
     reply: Reply
     update: ConsumerUpdate
-    def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., update: _Optional[_Union[ConsumerUpdate, _Mapping]] = ...) -> None: ...
+    listing: ServiceListing
+    def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., update: _Optional[_Union[ConsumerUpdate, _Mapping]] = ..., listing: _Optional[_Union[ServiceListing, _Mapping]] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ("namespace",)

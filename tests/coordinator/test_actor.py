@@ -113,11 +113,18 @@ class Sink:
     def send_update(self, update: SendConsumerUpdate) -> None:
         self.board.record(self, update)
 
+    def send_listing(self, key: object, entries: object) -> None:
+        pass
+
 
 class BrokenSink:
     """A `ConnectionSink` whose connection is gone."""
 
     def send_update(self, update: SendConsumerUpdate) -> None:
+        msg = "stream closed"
+        raise ConnectionError(msg)
+
+    def send_listing(self, key: object, entries: object) -> None:
         msg = "stream closed"
         raise ConnectionError(msg)
 
@@ -355,6 +362,9 @@ def test_a_command_is_logged_before_its_update_is_sent() -> None:
     class EventSink:
         def send_update(self, update: SendConsumerUpdate) -> None:
             events.append(("send", update.connection))
+
+        def send_listing(self, key: object, entries: object) -> None:
+            pass
 
     ref = start(SpyLog(events))
     ref.ask(Attach("a", EventSink()))
