@@ -144,14 +144,15 @@ class DurableProducerState:
                 current = m.seq_nr + 1
             elif m.is_first_chunk:
                 group = [m]
-            elif m.is_last_chunk:
-                if group:
-                    kept.extend(group)
-                    kept.append(m)
-                    current = m.seq_nr + 1
-                group = []
-            elif group:
+            elif not m.is_last_chunk:
                 group.append(m)
+            else:
+                # As Akka: a last piece closes the group, even one whose first piece is no
+                # longer unconfirmed; what was stored whole is never dropped.
+                kept.extend(group)
+                kept.append(m)
+                current = m.seq_nr + 1
+                group = []
         return replace(self, current_seq_nr=current, unconfirmed=tuple(kept))
 
 

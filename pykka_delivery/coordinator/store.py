@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from pykka_delivery import _sqlite
 from pykka_delivery.coordinator.commands import Command
 from pykka_delivery.coordinator.machine import initial_state, replay
 from pykka_delivery.coordinator.state import CoordinatorSettings, CoordinatorState, Group, GroupId
@@ -174,30 +175,25 @@ class SqliteCommandLog:
         lock_timeout: float = 5.0,
     ) -> None:
         _check_snapshot_every(snapshot_every)
-        if not 0 <= lock_timeout < float("inf"):
-            msg = f"lock_timeout must be finite seconds >= 0, got {lock_timeout!r}"
-            raise ValueError(msg)
-        if synchronous.upper() not in _SYNCHRONOUS:
-            msg = f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
-            raise ValueError(msg)
+        _sqlite.check_seconds("lock_timeout", lock_timeout)
+        synchronous = _sqlite.check_synchronous(synchronous, _SYNCHRONOUS)
         self.path = Path(path)
         self._snapshot_every = snapshot_every
         self._lock = threading.Lock()
         # One owner at a time (the coordinator actor, which may be created in another
         # thread than the one that runs it): the lock serializes, so the thread check goes.
-        conn = sqlite3.connect(
-            self.path, timeout=lock_timeout, isolation_level=None, check_same_thread=False
-        )
+        conn = _sqlite.connect(self.path, busy_timeout=lock_timeout)
         try:
             try:
-                self._open(conn, synchronous.upper())
+                self._open(conn, synchronous)
                 self._since_snapshot = self._count_log_rows(conn)
-            except sqlite3.OperationalError as error:
-                if "locked" in str(error):
+            except sqlite3.DatabaseError as error:
+                kind = _sqlite.classify(error)
+                if kind == "locked" and isinstance(error, sqlite3.OperationalError):
                     raise self._taken(error, lock_timeout) from error
+                if kind == "unreadable":  # not a database, corrupt
+                    raise self._unreadable(error) from error
                 raise  # read-only, I/O: the file may be fine
-            except sqlite3.DatabaseError as error:  # not a database, corrupt
-                raise self._unreadable(error) from error
         except BaseException:
             conn.close()
             raise
@@ -225,19 +221,13 @@ class SqliteCommandLog:
     def _open(self, conn: sqlite3.Connection, synchronous: str) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > _SCHEMA_VERSION:
-            msg = (
-                f"coordinator store {self.path}: schema version {version}, this version of "
-                f"pykka-delivery reads up to {_SCHEMA_VERSION}. Open it with the newer "
-                f"version that wrote it."
+            msg = _sqlite.newer_schema_message(
+                f"coordinator store {self.path}", version, _SCHEMA_VERSION
             )
             raise CommandLogError(msg)
         # One coordinator per file: the lock taken here is held until close (or until the
         # process dies, when the OS releases it, so a restart finds it free).
-        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("BEGIN EXCLUSIVE")
-        conn.execute("COMMIT")
-        conn.execute(f"PRAGMA synchronous={synchronous}")
+        _sqlite.use_wal(conn, synchronous, exclusive=True)
         conn.executescript(_SCHEMA)
         conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
 
@@ -259,10 +249,10 @@ class SqliteCommandLog:
                 with conn:  # one read transaction: the snapshot and the rows after it agree
                     conn.execute("BEGIN")
                     return self._load(conn)[0]
-            except sqlite3.OperationalError:
+            except sqlite3.DatabaseError as error:
+                if _sqlite.classify(error) == "unreadable":  # corrupt
+                    raise self._unreadable(error) from error
                 raise  # locked, I/O: the file may be fine
-            except sqlite3.DatabaseError as error:  # corrupt
-                raise self._unreadable(error) from error
 
     def append(self, command: Command) -> None:
         kind, body = encode_command(command)

@@ -81,3 +81,19 @@ class RegisterConsumer(_message.Message):
     CONSUMER_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     consumer_controller: str
     def __init__(self, consumer_controller: _Optional[str] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("producer_id", "seq_nr", "payload", "reason", "attempts", "timestamp_millis")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_NR_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: str
+    seq_nr: int
+    payload: Payload
+    reason: str
+    attempts: int
+    timestamp_millis: int
+    def __init__(self, producer_id: _Optional[str] = ..., seq_nr: _Optional[int] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., reason: _Optional[str] = ..., attempts: _Optional[int] = ..., timestamp_millis: _Optional[int] = ...) -> None: ...
