@@ -17,6 +17,8 @@ from pykka_delivery.actors.dead_letters import (
     SqliteDeadLetters,
     reason_of,
 )
+from pykka_delivery.actors.durable_queue import NO_QUALIFIER, MessageSent
+from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.errors import DeliveryTimeout
 from pykka_delivery.protocol import delivery_pb2
 
@@ -125,9 +127,6 @@ def test_reason_of_exceptions_and_text() -> None:
 
 
 def test_dead_letters_share_a_file_with_a_durable_producer_queue(tmp_path: Path) -> None:
-    from pykka_delivery.actors.durable_queue import NO_QUALIFIER, MessageSent
-    from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue
-
     path = tmp_path / "node.db"
     queue = SqliteDurableQueue(path, "orders")
     try:
