@@ -132,7 +132,7 @@ class Rig:
         return self.feed(CONFIRMED)
 
     def delivery(self, n: int, msg: Any = None) -> Delivery:
-        return Delivery(f"msg-{n}" if msg is None else msg, self.cc, PRODUCER_ID, n)
+        return Delivery(f"msg-{n}" if msg is None else msg, self.cc, PRODUCER_ID, n, 1)
 
     def expect_delivery(self, n: int, msg: Any = None, consumer: Probe | None = None) -> None:
         (consumer or self.consumer).expect(self.delivery(n, msg))

@@ -15,7 +15,6 @@ from pykka_delivery.actors.dead_letters import (
     MemoryDeadLetters,
     ProducerDeadLetters,
     SqliteDeadLetters,
-    reason_of,
 )
 from pykka_delivery.actors.durable_queue import NO_QUALIFIER, MessageSent
 from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue
@@ -118,12 +117,6 @@ def test_producer_destination_failure_is_a_dead_letter_error() -> None:
     destination = ProducerDeadLetters(FakeProducer(DeliveryTimeout("no demand within 2 s")))
     with pytest.raises(DeadLetterError, match="seq_nr 5 not sent on: no demand"):
         destination.put(letter(5))
-
-
-def test_reason_of_exceptions_and_text() -> None:
-    assert reason_of(ValueError("bad row 7")) == "ValueError: bad row 7"
-    assert reason_of(KeyError()) == "KeyError"
-    assert reason_of("timeout talking to the bank") == "timeout talking to the bank"
 
 
 def test_dead_letters_share_a_file_with_a_durable_producer_queue(tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pykka_delivery.actors.consumer_core import RETRY, ConsumerCore
-from pykka_delivery.actors.effects import Effect, Send
+from pykka_delivery.actors.durable_queue import DurableProducerState
+from pykka_delivery.actors.effects import (
+    Effect,
+    Send,
+    StoreMessageSent,
+    StoreMessagesSent,
+)
 from pykka_delivery.actors.messages import (
     ChunkedMessage,
     Request,
@@ -103,6 +109,76 @@ def test_consumer_fast_path_is_taken_in_the_steady_state() -> None:
     assert core.snapshot().received_seq_nr == 2
 
 
+# With deduplication, also "next": the next seq_nr in order (the steady state), so that
+# runs of duplicates below the floor are met often.
+dedup_consumer_events = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("seq"),
+            st.integers(0, 1),
+            st.integers(1, 12),
+            st.booleans(),
+            st.sampled_from([False, False, False, True]),
+        ),
+        st.tuples(st.just("next"), st.integers(0, 1)),
+        st.tuples(st.just("next"), st.integers(0, 1)),
+        st.tuples(st.just("confirm")),
+        st.tuples(st.just("timer")),
+        st.tuples(st.just("register"), st.integers(0, 1)),
+        st.tuples(st.just("stop")),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=dedup_consumer_events,
+    window=st.sampled_from([1, 2, 4, 20]),
+    lossy=st.booleans(),
+    positions=st.fixed_dictionaries({"p0": st.integers(0, 10), "p1": st.integers(0, 10)}),
+    restart=st.sampled_from(["drop", "reset"]),
+)
+def test_consumer_fast_path_matches_on_sequenced_with_deduplication(
+    events: list[tuple[Any, ...]],
+    window: int,
+    lossy: bool,
+    positions: dict[str, int],
+    restart: str,
+) -> None:
+    """The same with deduplication positions (dedup.py): a message at or below the
+    session's floor must leave the fast path to the general one."""
+    config = ConsumerControllerSettings(
+        flow_control_window=window, only_flow_control=lossy, on_sequence_restart=restart
+    )
+    self_ref = Probe("self")
+    general, fast = (ConsumerCore(self_ref, config, dedup_positions=positions) for _ in range(2))
+    for core in (general, fast):
+        core.on_start(CONSUMER)
+    for drawn in events:
+        event = drawn
+        if drawn[0] == "next":
+            event = ("seq", drawn[1], general.received_seq_nr + 1, False, False)
+        assert consumer_step(general, event, False) == consumer_step(fast, event, True), event
+        assert general.snapshot() == fast.snapshot(), event
+        assert general.statistics() == fast.statistics(), event
+        assert general.dedup_positions() == fast.dedup_positions(), event
+
+
+def test_consumer_fast_path_leaves_duplicates_to_the_general_path() -> None:
+    core = ConsumerCore(Probe("self"), dedup_positions={"p0": 3})
+    core.on_start(CONSUMER)
+    core.on_sequenced(sequenced(0, 2, True, False))  # a session from 2: a duplicate
+
+    assert core.next_delivery(sequenced(0, 3, False, False)) is None  # 3 is one too
+    core.on_sequenced(sequenced(0, 3, False, False))
+    delivery = core.next_delivery(sequenced(0, 4, False, False))
+
+    assert delivery is not None
+    assert delivery.seq_nr == 4
+    assert core.statistics().dedup_duplicates == 2
+
+
 producer_events = st.lists(
     st.one_of(
         st.tuples(st.just("msg")),
@@ -178,3 +254,95 @@ def test_producer_fast_path_is_taken_in_the_steady_state() -> None:
     assert core.next_message("third") is not None
     assert core.next_message("fourth") is None  # window full
     assert core.on_ack(3) == []
+
+
+def durable_core(chunked: bool = False) -> ProducerCore:
+    config = ProducerControllerSettings(chunk_large_messages=3 if chunked else 0)
+    return ProducerCore(
+        "p",
+        Probe("self"),
+        Probe("send-next"),
+        config,
+        announce_demand=False,
+        durable_state=DurableProducerState(),
+        clock_millis=lambda: 0,
+    )
+
+
+def test_producer_fast_path_is_not_taken_in_durable_mode() -> None:
+    """The fast path has no room for the store that must come before the send."""
+    core = durable_core()
+    core.on_start(PRODUCER)
+    core.on_register_consumer(CONSUMER)
+    core.on_msg("first")
+    core.on_request(Request(1, 3, True, False))
+
+    assert core.has_demand
+    assert core.next_message("second") is None
+    assert core.snapshot().current_seq_nr == 2  # nothing changed
+    assert type(core.on_msg("second")[0]) is StoreMessageSent
+
+
+def split(effects: list[Effect]) -> tuple[list[Any], list[Any], list[Effect]]:
+    """(messages sent in order, messages stored in order, the other effects)."""
+    sent = [e.message for e in effects if isinstance(e, Send)]
+    stored: list[Any] = []
+    others: list[Effect] = []
+    for e in effects:
+        if isinstance(e, StoreMessagesSent):
+            stored += e.sents
+        elif isinstance(e, StoreMessageSent):
+            stored.append(e.sent)
+        elif not isinstance(e, Send):
+            others.append(e)
+    return sent, stored, others
+
+
+def producer_batch_step(
+    core: ProducerCore, event: tuple[Any, ...], batch: bool, k: int
+) -> list[Effect]:
+    if event[0] != "msg":
+        return producer_step(core, event, False)
+    if not core.has_demand:
+        return []
+    payloads = [f"payload-{i}" for i in range(k)]
+    if batch:
+        return core.on_msg_batch(iter(payloads))
+    effects: list[Effect] = []
+    for payload in payloads[: 1 if core.settings.chunk_large_messages else k]:
+        if not core.has_demand:
+            break
+        effects += core.on_msg(payload)
+    return effects
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=producer_events,
+    chunked=st.booleans(),
+    durable=st.booleans(),
+    k=st.integers(1, 6),
+)
+def test_producer_batch_path_matches_on_msg_one_message_at_a_time(
+    events: list[tuple[Any, ...]], chunked: bool, durable: bool, k: int
+) -> None:
+    """`on_msg_batch` of k messages: the same sends, stores, state and statistics as
+    `on_msg` for each while there is demand (the stores as one effect instead of k)."""
+    if durable:
+        cores = [durable_core(chunked) for _ in range(2)]
+    else:
+        config = ProducerControllerSettings(chunk_large_messages=3 if chunked else 0)
+        cores = [
+            ProducerCore("p", Probe("self"), Probe("send-next"), config, announce_demand=False)
+            for _ in range(2)
+        ]
+    single, batched = cores
+    for core in cores:
+        core.on_start(PRODUCER)
+        core.on_register_consumer(CONSUMER)
+    for event in events:
+        one = split(producer_batch_step(single, event, False, k))
+        many = split(producer_batch_step(batched, event, True, k))
+        assert one == many, event
+        assert single.snapshot() == batched.snapshot(), event
+        assert single.statistics() == batched.statistics(), event

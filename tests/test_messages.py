@@ -45,7 +45,7 @@ def test_sequenced_message_equality_ignores_the_producer_controller_as_in_akka()
     "message",
     [
         SequencedMessage("p", 1, "m", True, False, Ref()),
-        Delivery("m", Ref(), "p", 1),
+        Delivery("m", Ref(), "p", 1, 1),
         Send(Ref(), "m"),
     ],
 )

@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from pykka_delivery.actors._shell import DurableQueueCalls
 from pykka_delivery.actors.consumer_core import ConsumerCore
+from pykka_delivery.actors.durable_queue import (
+    DurableProducerQueue,
+    DurableProducerState,
+    DurableQueueError,
+)
 from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedMessage
 from pykka_delivery.actors.producer_core import ProducerCore
+from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.actors.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 
-__all__ = ["DeliveryFeed", "Ignore", "ReadyDeliveries", "ReplySlot", "send_through"]
+__all__ = [
+    "DeliveryFeed",
+    "Ignore",
+    "ReadyDeliveries",
+    "ReplySlot",
+    "failed_error",
+    "open_durable",
+    "send_batch_through",
+    "send_through",
+]
 
 logger = logging.getLogger("pykka_delivery.consumer")
 
@@ -29,6 +45,49 @@ def send_through(core: ProducerCore, message: Any, run: Callable[[list[Effect]],
         return seq_msg.seq_nr
     run(core.on_msg(message))
     return core.last_seq_nr
+
+
+def send_batch_through(
+    core: ProducerCore, messages: Iterator[Any], run: Callable[[list[Effect]], None]
+) -> list[int]:
+    """A producer handle's ``send_many`` step, once it has demand: as many messages from
+    ``messages`` as the window allows (`ProducerCore.on_msg_batch`), their effects carried
+    out by ``run`` (in durable mode one store for all). Returns their seq_nrs (each one's
+    last chunk's); empty when ``messages`` is exhausted."""
+    before = core.last_seq_nr
+    run(core.on_msg_batch(messages))
+    last = core.last_seq_nr
+    if last == before:
+        return []
+    if core.settings.chunk_large_messages:
+        return [last]  # one message per batch when chunking
+    return list(range(before + 1, last + 1))
+
+
+def open_durable(
+    queue: DurableProducerQueue | None, settings: ProducerControllerSettings | None, owner: str
+) -> tuple[DurableQueueCalls | None, DurableProducerState | None]:
+    """A producer handle's durable queue wrapped for retried calls, and its loaded state
+    (both None without a queue).
+
+    Raises:
+        DurableQueueError: loading failed every attempt.
+    """
+    if queue is None:
+        return None, None
+    calls = DurableQueueCalls(queue, settings or ProducerControllerSettings(), owner)
+    return calls, calls.load()
+
+
+def failed_error(producer_id: str) -> DurableQueueError:
+    """What every call on a producer handle raises once its durable queue failed (raise
+    it from that failure)."""
+    msg = (
+        f"Producer {producer_id!r} is closed: its durable queue failed (see the cause); "
+        "create a new producer with the same producer id on the same queue: it reloads "
+        "what was stored and resends what is unconfirmed"
+    )
+    return DurableQueueError(msg)
 
 
 class ReplySlot:

@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from threading import get_ident
 from typing import Any, NoReturn
 
@@ -43,14 +44,35 @@ from pykka_delivery.actors._handle_parts import (
     Ignore,
     ReadyDeliveries,
     ReplySlot,
+    failed_error,
+    open_durable,
+    send_batch_through,
     send_through,
 )
+from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
+from pykka_delivery.actors.dead_letters import (
+    DeadLetterDestination,
+    DeadLetterError,
+    dead_letter_destination,
+    write_dead_letter,
+)
+from pykka_delivery.actors.dedup import DedupStore, DedupStoreError, DedupWriter
+from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.actors.effects import (
+    CancelTimer,
+    Effect,
+    RecordConfirmed,
+    Send,
+    StartTimer,
+    Stop,
+    WriteDeadLetter,
+)
 from pykka_delivery.actors.messages import (
     Delivery,
     Ref,
     RegisterConsumer,
+    Rejected,
     RequestNext,
 )
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
@@ -134,6 +156,12 @@ class AsyncProducer:
         timer_service: default: the process-wide one.
         self_ref_factory: builds the ref the other side uses to reach this handle from
             its local endpoint (a transport's remote address, or a fault injector in tests).
+        durable_queue: as `Producer`'s: messages are stored before they are sent, the
+            state is loaded here, `close` flushes the queue and its owner closes it. The
+            queue is called synchronously on the loop's thread (the stores we ship are
+            embedded): a store, and the waits between retries of a failing one, hold up
+            the loop; `send_many` stores a whole window with one call.
+        clock_millis: the clock of the stored timestamps; default: the wall clock.
 
     Create it inside a running event loop and use it from that loop. Connect it with
     `register_consumer` (or let a consumer register with
@@ -146,6 +174,7 @@ class AsyncProducer:
 
     Raises:
         RuntimeError: created outside a running event loop.
+        DurableQueueError: loading the durable queue's state failed every attempt.
     """
 
     def __init__(
@@ -156,9 +185,13 @@ class AsyncProducer:
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         self_ref_factory: Callable[[Ref], Ref] | None = None,
+        durable_queue: DurableProducerQueue | None = None,
+        clock_millis: Callable[[], int] = wall_clock_millis,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = get_ident()
+        self._durable, state = open_durable(durable_queue, settings, f"Producer {producer_id!r}")
+        self._failure: DurableQueueError | None = None
         self.producer_id = producer_id
         self._inbox: deque[Any] = deque()
         self._waiters: list[asyncio.Future[None]] = []
@@ -180,6 +213,8 @@ class AsyncProducer:
             settings,
             serialization,
             announce_demand=False,  # demand is read from the core (has_demand)
+            durable_state=state,
+            clock_millis=clock_millis,
         )
         self._busy = True
         try:
@@ -209,6 +244,7 @@ class AsyncProducer:
         Raises:
             DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
             ClosedError: the producer was closed.
+            DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         if get_ident() != self._loop_thread:
             _wrong_thread("AsyncProducer")
@@ -220,6 +256,41 @@ class AsyncProducer:
             return send_through(core, message, self._run)
         finally:
             self._leave()
+
+    async def send_many(self, messages: Iterable[Any], timeout: float | None = None) -> list[int]:
+        """Send ``messages`` in order, each once the consumer has room for it; returns their
+        seq_nrs. As `Producer.send_many`: a window at a time, one store per window.
+
+        Raises:
+            DeliveryTimeout: not all were sent within ``timeout`` seconds; the error says
+                how many were (those are in the stream; the rest were not sent).
+            ClosedError: the producer was closed.
+            DurableQueueError: storing failed every attempt (the producer is closed).
+        """
+        if get_ident() != self._loop_thread:
+            _wrong_thread("AsyncProducer")
+        pending = list(messages)
+        seq_nrs: list[int] = []
+        loop = self._loop
+        deadline = None if timeout is None else loop.time() + timeout
+        iterator = iter(pending)
+        self._busy = True
+        try:
+            self._check_open()
+            while len(seq_nrs) < len(pending):
+                remaining = None if deadline is None else deadline - loop.time()
+                try:
+                    await self._wait_for(self._has_demand, remaining, "demand to send")
+                except DeliveryTimeout:
+                    msg = (
+                        f"Producer {self.producer_id!r}: no demand within {timeout} s: the "
+                        f"first {len(seq_nrs)} of {len(pending)} messages were sent"
+                    )
+                    raise DeliveryTimeout(msg) from None
+                seq_nrs += send_batch_through(self._core, iterator, self._run)
+        finally:
+            self._leave()
+        return seq_nrs
 
     def send_nowait(self, message: Any) -> int:
         """Send ``message`` if the consumer has room for it now; returns its seq_nr.
@@ -243,6 +314,7 @@ class AsyncProducer:
 
     async def send_and_confirm(self, message: Any, timeout: float | None = None) -> int:
         """Send ``message`` and wait until the consumer confirmed it; returns its seq_nr.
+        With a durable queue, as in Akka, it returns once the message is stored instead.
 
         Raises:
             DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
@@ -288,13 +360,19 @@ class AsyncProducer:
     def close(self) -> None:
         """Stop the timers, refuse further sends and ignore the consumer side from now on:
         unconfirmed messages are not resent any more (close after `wait_confirmed` to be
-        sure nothing is lost). Tasks waiting in the producer get `ClosedError`."""
+        sure nothing is lost, or use a durable queue). Tasks waiting in the producer get
+        `ClosedError`. The durable queue, if any, is flushed, not closed: its owner closes
+        it."""
         if get_ident() != self._loop_thread:
             _wrong_thread("AsyncProducer")
         self._closed = True
         self._timers.cancel_all()
         self._inbox.clear()
         self._notify()
+        if self._durable is not None and self._failure is None:
+            # Logged on failure; confirmations not flushed only cost duplicates on restart.
+            with contextlib.suppress(DurableQueueError):
+                self._durable.flush()
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -319,6 +397,8 @@ class AsyncProducer:
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._failure is not None:
+                raise failed_error(self.producer_id) from self._failure
             msg = f"Producer {self.producer_id!r} is closed"
             raise ClosedError(msg)
 
@@ -412,7 +492,10 @@ class AsyncProducer:
                 except LocalProtocolError as error:
                     producer_logger.error("%s", error)
                     continue
-                self._run(effects)
+                try:
+                    self._run(effects)
+                except DurableQueueError:
+                    return  # _fail closed the producer; the application's next call raises
         self._notify()
 
     def _run(self, effects: list[Effect]) -> None:
@@ -426,6 +509,21 @@ class AsyncProducer:
                     self._timers.start(effect.key, effect.interval)
             elif type(effect) is CancelTimer:
                 self._timers.cancel(effect.key)
+            elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
+                try:
+                    self._durable.store(effect)
+                except DurableQueueError as error:
+                    self._fail(error)
+                    raise
+
+    def _fail(self, error: DurableQueueError) -> None:
+        """As `Producer._fail`: the durable queue failed every attempt; close, and make
+        every call raise."""
+        self._failure = error
+        self._closed = True
+        self._timers.cancel_all()
+        self._inbox.clear()
+        self._notify()
 
 
 # --- AsyncConsumer ---------------------------------------------------------------------
@@ -489,7 +587,10 @@ class _ConfirmTo:
         self.used = False
 
     def tell(self, message: Any) -> None:
-        self._consumer._confirm(self)
+        if type(message) is Rejected:
+            self._consumer._reject(self, message.reason)
+        else:
+            self._consumer._confirm(self)
 
 
 class AsyncConsumer(DeliveryFeed):
@@ -516,8 +617,20 @@ class AsyncConsumer(DeliveryFeed):
     ``register_consumer(consumer.ref)``). Retries on silence are sent while a task waits
     in `receive`.
 
+    With a ``dedup_store`` (deduplication across restarts, dedup.py), positions are loaded
+    here, each confirmation records one, and the store is flushed before every
+    Request/Ack and on `close`, on the loop's thread (a commit; retries of a failing store
+    wait ``dedup_store_backoff`` there too). The caller owns the store. If it keeps
+    failing, the call that met the failure raises `DedupStoreError` (for a confirmation
+    made on another thread: the next `receive`) and the handle closes itself.
+
+    ``delivery.reject(reason)`` needs ``dead_letters``, as for `Consumer`: the message is
+    delivered again after the backoff and, after ``max_attempts``, written there (on the
+    loop's thread) before the stream moves on.
+
     Raises:
         RuntimeError: created outside a running event loop.
+        DedupStoreError: the deduplication store could not be loaded.
     """
 
     def __init__(
@@ -527,9 +640,16 @@ class AsyncConsumer(DeliveryFeed):
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         self_ref_factory: Callable[[Ref], Ref] | None = None,
+        dedup_store: DedupStore | None = None,
+        dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = get_ident()
+        settings = settings or ConsumerControllerSettings()
+        self._dead_letters, self._owns_dead_letters = dead_letter_destination(dead_letters)
+        self._dead_letter_error: DeadLetterError | None = None
+        self._dedup = None if dedup_store is None else DedupWriter(dedup_store, settings)
+        positions = None if self._dedup is None else self._dedup.load()
         self._inbox: deque[Any] = deque()
         self._waiter: _Waiter | None = None
         self._closed = False
@@ -544,7 +664,11 @@ class AsyncConsumer(DeliveryFeed):
         # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
         # cannot confirm the current one.
         self._core = ConsumerCore(
-            self._self_ref, settings, serialization, new_confirm_to=lambda: _ConfirmTo(self)
+            self._self_ref,
+            settings,
+            serialization,
+            new_confirm_to=lambda: _ConfirmTo(self),
+            dedup_positions=positions,
         )
         self._run(self._core.on_spawned())
         self._run(self._core.on_start(self._ready))
@@ -646,15 +770,26 @@ class AsyncConsumer(DeliveryFeed):
     def close(self) -> None:
         """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
         with the producer, to be delivered to the next consumer). A task waiting in
-        `receive` gets `ClosedError` (an ``async for`` ends)."""
+        `receive` gets `ClosedError` (an ``async for`` ends).
+
+        Raises:
+            DedupStoreError: the deduplication store could not be flushed (nothing was
+                told to the producer side; the handle is closed all the same).
+        """
         if get_ident() != self._loop_thread:
             _wrong_thread("AsyncConsumer")
         if self._closed:
             return
         self._closed = True
-        self._run(self._core.on_stopped())
-        self._timers.cancel_all()
-        self._wake_reader()
+        try:
+            self._run(self._core.on_stopped())
+            if self._dedup is not None:
+                self._dedup_call(self._dedup.flush)
+        finally:
+            self._timers.cancel_all()
+            self._wake_reader()
+            if self._owns_dead_letters:
+                self._dead_letters.close()  # type: ignore[union-attr] # owned: SQLite
         self._flush()
 
     async def __aenter__(self) -> AsyncConsumer:
@@ -674,6 +809,29 @@ class AsyncConsumer(DeliveryFeed):
         return self._core.statistics()
 
     # --- internals (on the loop's thread unless said otherwise) -----------------------
+
+    def _check_open(self) -> None:
+        if self._closed and self._dead_letter_error is not None:
+            error = self._dead_letter_error
+            msg = f"Consumer was closed because a dead letter could not be written: {error}"
+            raise ClosedError(msg) from error
+        broken = None if self._dedup is None else self._dedup.broken
+        if self._closed and broken is not None:
+            msg = f"Consumer was closed because its deduplication store failed: {broken}"
+            raise ClosedError(msg) from broken
+        super()._check_open()
+
+    def _dedup_call(self, call: Callable[..., None], *args: Any) -> None:
+        """Call the deduplication store; if it gives up, close this handle at once (the
+        outbox is dropped: nothing unflushed reaches the producer side) and raise."""
+        try:
+            call(*args)
+        except DedupStoreError:
+            self._closed = True
+            self._outbox = []
+            self._timers.cancel_all()
+            self._wake_reader()
+            raise
 
     def _check_can_receive(self) -> None:
         super()._check_can_receive()
@@ -736,6 +894,34 @@ class AsyncConsumer(DeliveryFeed):
             msg = "Consumer: its event loop is closed"
             raise ClosedError(msg)
 
+    def _reject(self, confirm_to: _ConfirmTo, reason: str) -> None:
+        """Any thread; the core's part runs on the loop."""
+        self._check_confirm(confirm_to)
+        if self._dead_letters is None:
+            msg = (
+                "Consumer: reject() needs a dead-letter destination for the messages "
+                "rejected max_attempts times: pass AsyncConsumer(dead_letters=path or "
+                "destination); nothing changed"
+            )
+            raise LocalProtocolError(msg)
+        confirm_to.used = True
+        if get_ident() == self._loop_thread:
+            self._rejected(reason)
+        elif not _call_in_loop(self._loop, self._rejected_elsewhere, confirm_to, reason):
+            msg = "Consumer: its event loop is closed"
+            raise ClosedError(msg)
+
+    def _rejected_elsewhere(self, confirm_to: _ConfirmTo, reason: str) -> None:
+        outstanding = self._outstanding
+        if self._closed or outstanding is None or outstanding.confirm_to is not confirm_to:
+            return  # closed meanwhile: the producer keeps it unconfirmed
+        self._rejected(reason)
+
+    def _rejected(self, reason: str) -> None:
+        self._outstanding = None
+        self._run(self._core.on_rejected(reason))
+        self._flush()
+
     def _confirmed_elsewhere(self, confirm_to: _ConfirmTo) -> None:
         """On the loop: the confirmation of a delivery confirmed on another thread."""
         outstanding = self._outstanding
@@ -758,11 +944,14 @@ class AsyncConsumer(DeliveryFeed):
                 to.tell(message)
 
     def _run(self, effects: list[Effect]) -> None:
+        dedup = self._dedup
         for effect in effects:
             if type(effect) is Send:
                 if effect.to is self._ready:
                     self._ready.deliveries.append(effect.message)
                 else:
+                    if dedup is not None:  # flushed before any Request/Ack is told
+                        self._dedup_call(dedup.before_send, effect.message)
                     self._outbox.append((effect.to, effect.message))
             elif type(effect) is StartTimer:
                 self._timers.start(effect.key, effect.interval)
@@ -770,3 +959,15 @@ class AsyncConsumer(DeliveryFeed):
                 self._timers.cancel(effect.key)
             elif type(effect) is Stop:
                 self._timers.cancel_all()
+            elif type(effect) is RecordConfirmed and dedup is not None:
+                self._dedup_call(dedup.record, effect.producer_id, effect.seq_nr)
+            elif type(effect) is WriteDeadLetter:
+                try:
+                    write_dead_letter(self._dead_letters, effect)
+                except DeadLetterError as error:
+                    self._dead_letter_error = error
+                    self._closed = True
+                    self._outbox = []
+                    self._timers.cancel_all()
+                    self._wake_reader()
+                    raise

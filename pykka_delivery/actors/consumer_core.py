@@ -35,6 +35,22 @@ whole window every ``resend_interval_min``. We retry only after a tick interval 
 P10: a fresh core that meets a session midway sends ``Resend(0)`` and, unlike Akka, takes
 that producer controller at once, so its retry repeats ``Resend(0)`` to it.
 
+Beyond Akka, deduplication across restarts (optional: ``dedup_positions``, loaded by the
+shell from a `DedupStore`). Akka redelivers after a crash whatever the producer side had
+not seen confirmed, with its original seq_nrs, from a new producer controller; some of it
+the consumer may have processed already. With positions (producer id -> highest seq_nr
+confirmed here), each session starts with a *floor*, that producer id's position when the
+session began; a message at or below it is a duplicate: it is not delivered, but confirmed
+at once as if it had been (the window and the producer's confirmations move on). Every
+confirmation moves the position and emits `RecordConfirmed`, which the shell writes to the
+store and flushes before the next `Request` or `Ack` leaves, so the producer side never
+drops a message this consumer could forget. As in the broker of seed 002: the next seq_nr
+is delivered, a seq_nr confirmed before is a duplicate, a session starting above position
++ 1 is a gap (reported with a warning, counted, and delivered). A session starting at
+seq_nr 1 below a known position is a *sequence restart* (a producer without a durable
+queue restarted, or a durable one resends what it had not seen confirmed): warned about,
+and handled as ``settings.on_sequence_restart`` says.
+
 Only this module assigns the core's fields (see producer_core.py for why they are mutable).
 """
 
@@ -43,12 +59,20 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pykka_delivery.actors.chunking import assemble_chunks
-from pykka_delivery.actors.effects import Effect, Send, StartTimer, Stop
+from pykka_delivery.actors.effects import (
+    CancelTimer,
+    Effect,
+    RecordConfirmed,
+    Send,
+    StartTimer,
+    Stop,
+    WriteDeadLetter,
+)
 from pykka_delivery.actors.messages import (
     Ack,
     ChunkedMessage,
@@ -60,6 +84,7 @@ from pykka_delivery.actors.messages import (
     Ref,
     RegisterConsumer,
     RegisterToProducerController,
+    Rejected,
     Request,
     Resend,
     SequencedMessage,
@@ -68,12 +93,22 @@ from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
-__all__ = ["RETRY", "ConsumerCore", "ConsumerPhase", "ConsumerSnapshot", "ConsumerStats"]
+__all__ = [
+    "REDELIVER",
+    "RETRY",
+    "ConsumerCore",
+    "ConsumerPhase",
+    "ConsumerSnapshot",
+    "ConsumerStats",
+]
 
 logger = logging.getLogger("pykka_delivery.consumer")
 
 RETRY = "retry"
 """Key of the timer that repeats Request / Resend / RegisterConsumer on silence."""
+
+REDELIVER = "redeliver"
+"""Key of the timer that delivers a rejected message again after its backoff."""
 
 
 class ConsumerPhase(enum.Enum):
@@ -121,6 +156,18 @@ class ConsumerStats:
         dropped: messages dropped for other reasons (stash full, wrong producer,
             registering elsewhere, waiting for a resend).
         retries: retry-timer firings that re-sent a Request, Resend or RegisterConsumer.
+        dedup_duplicates: messages not delivered because the deduplication position
+            shows them confirmed before (redelivered after a restart); each was
+            confirmed to the producer side at once. Not included in ``duplicates``.
+        dedup_gaps: sessions that started more than one seq_nr above the producer id's
+            deduplication position: messages this consumer never confirmed are missing
+            (each is logged as a warning naming them).
+        sequence_restarts: sessions of a known producer id that started at seq_nr 1
+            below its deduplication position (see ``on_sequence_restart``).
+        rejected: deliveries the consumer rejected (each redelivered or dead-lettered).
+        dead_lettered: messages written to the dead-letter destination after
+            ``max_attempts`` rejected deliveries (counted in ``confirmed`` too: the
+            stream moved on past them).
     """
 
     delivered: int
@@ -129,6 +176,11 @@ class ConsumerStats:
     gaps: int
     dropped: int
     retries: int
+    dedup_duplicates: int
+    dedup_gaps: int
+    sequence_restarts: int
+    rejected: int
+    dead_lettered: int
 
 
 class ConsumerCore:
@@ -144,26 +196,39 @@ class ConsumerCore:
             Default: ``self_ref``.
         new_confirm_to: instead of ``confirm_to``, make a new one per delivery (the
             `Consumer` handle tells a delivery's confirmation from another's this way).
+        dedup_positions: turns deduplication on: the highest confirmed seq_nr per
+            producer id, as loaded from a `DedupStore` (empty for a new store). None
+            (the default): no deduplication across sessions, as in Akka.
 
     Call `on_spawned` once before anything else: it starts the retry timer.
     """
 
     __slots__ = (
+        "_attempt",
         "_confirmed_count",
+        "_dead_lettered",
+        "_dedup_duplicates",
+        "_dedup_gaps",
         "_delivered",
         "_dropped",
         "_duplicates",
+        "_fast_floor",
+        "_floor",
         "_gaps",
         "_half",
         "_handlers",
         "_heard",
         "_min_interval",
+        "_redelivering",
+        "_rejected",
         "_retries",
         "_retry_interval",
+        "_sequence_restarts",
         "collected_chunks",
         "confirmed_seq_nr",
         "consumer",
         "current",
+        "dedup",
         "new_confirm_to",
         "phase",
         "producer_controller",
@@ -187,6 +252,8 @@ class ConsumerCore:
         serialization: Serialization | None = None,
         confirm_to: Ref | None = None,
         new_confirm_to: Callable[[], Ref] | None = None,
+        *,
+        dedup_positions: Mapping[str, int] | None = None,
     ) -> None:
         self.self_ref = self_ref
         if new_confirm_to is None:
@@ -218,9 +285,24 @@ class ConsumerCore:
         self._heard = False  # a SequencedMessage arrived since the last retry tick
         self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
         self._dropped = self._retries = 0
+        # Deduplication: positions per producer id (None: off), and the current session's
+        # floor (seq_nrs at or below it were confirmed before the session began).
+        self.dedup: dict[str, int] | None = (
+            None if dedup_positions is None else dict(dedup_positions)
+        )
+        self._floor = 0
+        # next_delivery's one check for both "a new session" (seq_nr 1) and "a duplicate".
+        self._fast_floor = 1
+        self._dedup_duplicates = self._dedup_gaps = self._sequence_restarts = 0
+        # Rejections: the current delivery's attempt (1 = first delivery), and whether a
+        # redelivery of it waits for the REDELIVER timer.
+        self._attempt = 1
+        self._redelivering = False
+        self._rejected = self._dead_lettered = 0
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
             SequencedMessage: self.on_sequenced,
             Confirmed: lambda _: self.on_confirmed(),
+            Rejected: lambda m: self.on_rejected(m.reason),
             ConsumerStart: lambda m: self.on_start(m.deliver_to),
             RegisterToProducerController: lambda m: self.on_register_to(m.producer_controller),
             DeliverThenStop: lambda _: self.on_deliver_then_stop(),
@@ -251,7 +333,17 @@ class ConsumerCore:
             gaps=self._gaps,
             dropped=self._dropped,
             retries=self._retries,
+            dedup_duplicates=self._dedup_duplicates,
+            dedup_gaps=self._dedup_gaps,
+            sequence_restarts=self._sequence_restarts,
+            rejected=self._rejected,
+            dead_lettered=self._dead_lettered,
         )
+
+    def dedup_positions(self) -> dict[str, int] | None:
+        """A copy of the deduplication positions (producer id -> highest confirmed
+        seq_nr), or None when deduplication is off."""
+        return None if self.dedup is None else dict(self.dedup)
 
     @property
     def is_stopped(self) -> bool:
@@ -297,7 +389,11 @@ class ConsumerCore:
         self.consumer = deliver_to
         if phase is _WAITING_FOR_CONFIRMATION:
             assert self.current is not None
-            return [Send(deliver_to, self._delivery(self.current))]  # the new consumer gets it
+            effects = [Send(deliver_to, self._delivery(self.current))]  # the new one gets it
+            if self._redelivering:  # now, not after the backoff
+                self._redelivering = False
+                effects.insert(0, CancelTimer(REDELIVER))
+            return effects
         return []
 
     def on_sequenced(self, msg: SequencedMessage) -> list[Effect]:
@@ -340,7 +436,9 @@ class ConsumerCore:
         if (
             self.phase is not _ACTIVE
             or seq_nr != self.received_seq_nr + 1
-            or seq_nr == 1  # received_seq_nr 0: a new session, see _changed_producer
+            # seq_nr 1 (received_seq_nr 0: a new session, see _changed_producer) or, with
+            # deduplication, at or below the session's floor (a duplicate, see _deliver).
+            or seq_nr <= self._fast_floor
             or msg.producer_controller is not self.producer_controller
             or self.registering is not None
             or self.stash
@@ -355,7 +453,7 @@ class ConsumerCore:
         self.current = msg
         self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
-        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr)
+        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr, 1)
 
     def on_confirmed(self) -> list[Effect]:
         """The consumer confirmed the current `Delivery`.
@@ -363,19 +461,94 @@ class ConsumerCore:
         Raises:
             LocalProtocolError: no delivery is awaiting confirmation.
         """
+        current = self._awaited("Confirmed")
+        effects: list[Effect] = []
+        self._complete(current, effects)
+        return effects
+
+    def on_rejected(self, reason: str) -> list[Effect]:
+        """The consumer could not process the current `Delivery`: deliver it again after
+        the backoff, or, at ``max_attempts``, write it to the dead letters and move on.
+
+        Raises:
+            LocalProtocolError: no delivery is awaiting confirmation.
+        """
+        current = self._awaited("Rejected")
+        self._rejected += 1
+        attempt = self._attempt
+        settings = self.settings
+        if attempt < settings.max_attempts:
+            backoff = min(
+                settings.redelivery_backoff * 2 ** (attempt - 1), settings.redelivery_backoff_max
+            )
+            logger.debug(
+                "Delivery %r seq_nr %d rejected (attempt %d of %d), again in %s s: %s",
+                current.producer_id,
+                current.seq_nr,
+                attempt,
+                settings.max_attempts,
+                backoff,
+                reason,
+            )
+            self._redelivering = True
+            return [StartTimer(REDELIVER, backoff)]
+        logger.warning(
+            "Delivery %r seq_nr %d rejected %d times, to the dead letters: %s",
+            current.producer_id,
+            current.seq_nr,
+            attempt,
+            reason,
+        )
+        self._dead_lettered += 1
+        effects: list[Effect] = [
+            WriteDeadLetter(current.producer_id, current.seq_nr, current.message, reason, attempt)
+        ]
+        self._complete(current, effects)
+        return effects
+
+    def _awaited(self, what: str) -> SequencedMessage:
+        """The message whose delivery awaits the consumer's answer ``what``.
+
+        Raises:
+            LocalProtocolError: none does (or a rejected one waits for its redelivery).
+        """
         current = self.current
-        if self.phase is not _WAITING_FOR_CONFIRMATION or current is None:
+        if self.phase is not _WAITING_FOR_CONFIRMATION or current is None or self._redelivering:
+            waiting = " (the rejected delivery comes again first)" if self._redelivering else ""
             msg = (
-                f"Confirmed received with no delivery awaiting confirmation "
+                f"{what} received with no delivery awaiting confirmation{waiting} "
                 f"(phase {self.phase.value}, last confirmed seq_nr {self.confirmed_seq_nr}): "
-                "confirm each Delivery once"
+                "confirm or reject each Delivery once"
             )
             raise LocalProtocolError(msg)
+        return current
+
+    def _complete(self, current: SequencedMessage, effects: list[Effect]) -> None:
+        """The consumer is done with ``current`` (confirmed, or given up on): record it,
+        tell the producer side as the window rule says, and take the next message."""
         self._confirmed_count += 1
+        self._attempt = 1
+        seq_nr = current.seq_nr
+        dedup = self.dedup
+        if dedup is not None:
+            # Before the Request or Ack that tells the producer: the shell writes it first.
+            dedup[current.producer_id] = seq_nr
+            effects.append(RecordConfirmed(current.producer_id, seq_nr))
+        self._confirm(current, effects)
+        if self.stopping and not self.stash:
+            logger.debug("Stopped at seq_nr %d after delivering buffered messages", seq_nr)
+            self._stop(effects)
+            return
+        self.phase = _ACTIVE
+        if self.stash:
+            self._unstash(effects)
+
+    def _confirm(self, current: SequencedMessage, effects: list[Effect]) -> None:
+        """``current`` is confirmed (by the consumer, or as a duplicate): tell the
+        producer side when the window rule says so."""
         seq_nr = current.seq_nr
         pc = self.producer_controller
         assert pc is not None
-        effects: list[Effect] = []
         requested = self.requested_seq_nr
         if current.first:
             # Confirm the first message at once: it stops the producer's first-resends.
@@ -391,14 +564,6 @@ class ConsumerCore:
         self.confirmed_seq_nr = seq_nr
         self.requested_seq_nr = requested
         self.current = None
-        if self.stopping and not self.stash:
-            logger.debug("Stopped at seq_nr %d after delivering buffered messages", seq_nr)
-            self._stop(effects)
-            return effects
-        self.phase = _ACTIVE
-        if self.stash:
-            self._unstash(effects)
-        return effects
 
     def on_register_to(self, producer_controller: Ref) -> list[Effect]:
         """Connect to (another) producer controller from the consumer side."""
@@ -473,6 +638,8 @@ class ConsumerCore:
 
     def on_timer(self, key: str) -> list[Effect]:
         """A timer started by this core fired."""
+        if key == REDELIVER:
+            return self._redeliver()
         if key != RETRY:
             return []
         phase = self.phase
@@ -494,6 +661,18 @@ class ConsumerCore:
             self._retry_interval = interval
             effects.append(StartTimer(RETRY, interval))
         self._retry_now(effects)
+        return effects
+
+    def _redeliver(self) -> list[Effect]:
+        effects: list[Effect] = [CancelTimer(REDELIVER)]
+        current = self.current
+        if not self._redelivering or current is None or self.phase is not _WAITING_FOR_CONFIRMATION:
+            return effects  # stopped meanwhile
+        self._redelivering = False
+        self._attempt += 1
+        self._delivered += 1
+        assert self.consumer is not None
+        effects.append(Send(self.consumer, self._delivery(current)))
         return effects
 
     def _retry_now(self, effects: list[Effect]) -> None:
@@ -588,6 +767,8 @@ class ConsumerCore:
             self.requested_seq_nr = requested
             if self.registering is not None and self.registering == pc:
                 self.registering = None
+            if self.dedup is not None:
+                self._start_dedup_session(msg, effects)
             self._deliver(msg, effects)
         elif self.received_seq_nr == 0:
             # A fresh controller met a session midway: ask for everything, head marked first.
@@ -608,6 +789,70 @@ class ConsumerCore:
                 msg.producer_id,
             )
 
+    def _start_dedup_session(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        """A session begins with ``msg``: set its floor from the producer id's position,
+        and report a gap or a sequence restart."""
+        assert self.dedup is not None
+        producer_id = msg.producer_id
+        seq_nr = msg.seq_nr
+        position = self.dedup.get(producer_id, 0)
+        if position and seq_nr == 1:
+            self._sequence_restarts += 1
+            if self.settings.on_sequence_restart == "reset":
+                logger.warning(
+                    "Producer %r started a new session at seq_nr 1, but seq_nrs up to %d were "
+                    "confirmed here before: forgetting that position and delivering from 1 "
+                    '(on_sequence_restart="reset"). If its producer controller has a durable '
+                    "queue, messages it resends are delivered twice; restart a producer "
+                    "without one under a new producer id instead",
+                    producer_id,
+                    position,
+                )
+                self.dedup[producer_id] = position = 0
+                effects.append(RecordConfirmed(producer_id, 0))
+            else:
+                logger.warning(
+                    "Producer %r started a new session at seq_nr 1, but seq_nrs up to %d were "
+                    "confirmed here before: dropping seq_nrs 1..%d as duplicates "
+                    '(on_sequence_restart="drop"). Right if it resends them (a durable '
+                    "producer queue, a retried task); if it restarted its numbering with new "
+                    "messages they are lost here: give that producer a durable queue or a new "
+                    'producer id per incarnation, or set on_sequence_restart="reset"',
+                    producer_id,
+                    position,
+                    position,
+                )
+        elif position and seq_nr > position + 1:
+            self._dedup_gaps += 1
+            logger.warning(
+                "Producer %r started a session at seq_nr %d, but only seq_nrs up to %d were "
+                "confirmed here: seq_nrs %d..%d never reached this consumer (lost, or "
+                "confirmed by another consumer of this producer id); delivering from %d",
+                producer_id,
+                seq_nr,
+                position,
+                position + 1,
+                seq_nr - 1,
+                seq_nr,
+            )
+        self._floor = position
+        self._fast_floor = max(1, position)
+
+    def _skip_duplicate(self, msg: SequencedMessage, effects: list[Effect]) -> None:
+        """``msg`` was confirmed before this session began: confirm it at once instead of
+        delivering it. The phase is ACTIVE afterwards; the caller goes on unstashing."""
+        self._dedup_duplicates += 1
+        logger.debug(
+            "Received SequencedMessage seq_nr %d of %r, not delivering it: confirmed before "
+            "(deduplication position %d)",
+            msg.seq_nr,
+            msg.producer_id,
+            self._floor,
+        )
+        self.collected_chunks.clear()
+        self._confirm(msg, effects)
+        self.phase = _ACTIVE
+
     def _stash_while_waiting(self, msg: SequencedMessage) -> None:
         current = self.current
         assert current is not None
@@ -626,6 +871,9 @@ class ConsumerCore:
 
     def _deliver(self, msg: SequencedMessage, effects: list[Effect]) -> None:
         """Hand a message to the consumer, or collect it if it is a chunk."""
+        if msg.seq_nr <= self._floor:
+            self._skip_duplicate(msg, effects)
+            return
         message = msg.message
         if type(message) is ChunkedMessage:
             collected = self.collected_chunks
@@ -678,7 +926,9 @@ class ConsumerCore:
             self._restart_retry(effects)
 
     def _delivery(self, msg: SequencedMessage) -> Delivery:
-        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr)
+        return Delivery(
+            msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr, self._attempt
+        )
 
     def _unstash(self, effects: list[Effect]) -> None:
         """Feed stashed messages back, one at a time, until one is delivered."""

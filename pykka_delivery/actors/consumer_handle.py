@@ -13,6 +13,7 @@ side never sends more than the flow-control window, so it stays bounded.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -22,8 +23,23 @@ from typing import Any
 
 from pykka_delivery.actors._handle_parts import DeliveryFeed, ReadyDeliveries
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
-from pykka_delivery.actors.messages import Delivery, Ref, SequencedMessage
+from pykka_delivery.actors.dead_letters import (
+    DeadLetterDestination,
+    DeadLetterError,
+    dead_letter_destination,
+    write_dead_letter,
+)
+from pykka_delivery.actors.dedup import DedupStore, DedupStoreError, DedupWriter
+from pykka_delivery.actors.effects import (
+    CancelTimer,
+    Effect,
+    RecordConfirmed,
+    Send,
+    StartTimer,
+    Stop,
+    WriteDeadLetter,
+)
+from pykka_delivery.actors.messages import Delivery, Ref, Rejected, SequencedMessage
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import Timers, TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
@@ -63,13 +79,17 @@ class _ConfirmTo:
     """``Delivery.confirm_to`` of one delivery: confirming is a direct call, on any thread,
     and a second confirmation of the same delivery is told apart from the next one's."""
 
-    __slots__ = ("_confirm",)
+    __slots__ = ("_confirm", "_consumer")
 
     def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
         self._confirm = consumer._confirm
 
     def tell(self, message: Any) -> None:
-        self._confirm(self)
+        if type(message) is Rejected:
+            self._consumer._reject(self, message.reason)
+        else:
+            self._confirm(self)
 
 
 class Consumer(DeliveryFeed):
@@ -87,9 +107,25 @@ class Consumer(DeliveryFeed):
         timer_service: default: the process-wide one.
         self_ref_factory: builds the ref the other side uses to reach this handle from
             its local endpoint (a transport's remote address, or a fault injector in tests).
+        dedup_store: turns on deduplication across restarts (dedup.py): positions are
+            loaded from it here, each ``confirm()`` records one, and the store is flushed
+            before every Request/Ack and on `close`. The caller owns the store (closes it
+            after this handle). If the store keeps failing, the call that met the failure
+            raises `DedupStoreError` and the handle closes itself (later calls raise
+            `ClosedError`); nothing unflushed is confirmed to the producer side.
+        dead_letters: where a message goes once it was rejected
+            (``delivery.reject(reason)``) ``settings.max_attempts`` times: a
+            `DeadLetterDestination`, or the path of an SQLite file for a
+            `SqliteDeadLetters` this handle owns (closed with it). None (the default):
+            ``reject`` raises `LocalProtocolError`, since a rejected message would have
+            nowhere to go. If the destination fails, ``reject`` raises `DeadLetterError`
+            and the handle closes itself (the message stays unconfirmed at the producer).
 
     Connect it with `register_to` (or let a producer call ``register_consumer(consumer.ref)``).
     Retries on silence are sent while the application waits in `receive`.
+
+    Raises:
+        DedupStoreError: the deduplication store could not be loaded.
     """
 
     def __init__(
@@ -99,7 +135,14 @@ class Consumer(DeliveryFeed):
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         self_ref_factory: Callable[[Ref], Ref] | None = None,
+        dedup_store: DedupStore | None = None,
+        dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
     ) -> None:
+        settings = settings or ConsumerControllerSettings()
+        self._dead_letters, self._owns_dead_letters = dead_letter_destination(dead_letters)
+        self._dead_letter_error: DeadLetterError | None = None
+        self._dedup = None if dedup_store is None else DedupWriter(dedup_store, settings)
+        positions = None if self._dedup is None else self._dedup.load()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: deque[Any] = deque()
@@ -116,7 +159,11 @@ class Consumer(DeliveryFeed):
         # Each delivery gets its own confirm_to, so a second confirm() of an old delivery
         # cannot confirm the current one.
         self._core = ConsumerCore(
-            self._self_ref, settings, serialization, new_confirm_to=partial(_ConfirmTo, self)
+            self._self_ref,
+            settings,
+            serialization,
+            new_confirm_to=partial(_ConfirmTo, self),
+            dedup_positions=positions,
         )
         with self._lock:
             self._run(self._core.on_spawned())
@@ -218,14 +265,25 @@ class Consumer(DeliveryFeed):
 
     def close(self) -> None:
         """Stop now; tells the producer side what is confirmed (unconfirmed messages stay
-        with the producer, to be delivered to the next consumer)."""
+        with the producer, to be delivered to the next consumer).
+
+        Raises:
+            DedupStoreError: the deduplication store could not be flushed (nothing was
+                told to the producer side; the handle is closed all the same).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._run(self._core.on_stopped())
-            self._timers.cancel_all()
-            self._arrived.notify_all()
+            try:
+                self._run(self._core.on_stopped())
+                if self._dedup is not None:
+                    self._dedup_call(self._dedup.flush)
+            finally:
+                self._timers.cancel_all()
+                self._arrived.notify_all()
+                if self._owns_dead_letters:
+                    self._dead_letters.close()  # type: ignore[union-attr] # owned: SQLite
             sends = self._take_outbox()
         if sends:
             _tell_all(sends)
@@ -245,6 +303,29 @@ class Consumer(DeliveryFeed):
             return self._core.statistics()
 
     # --- internals (call with the lock held) ------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed and self._dead_letter_error is not None:
+            error = self._dead_letter_error
+            msg = f"Consumer was closed because a dead letter could not be written: {error}"
+            raise ClosedError(msg) from error
+        broken = None if self._dedup is None else self._dedup.broken
+        if self._closed and broken is not None:
+            msg = f"Consumer was closed because its deduplication store failed: {broken}"
+            raise ClosedError(msg) from broken
+        super()._check_open()
+
+    def _dedup_call(self, call: Callable[..., None], *args: Any) -> None:
+        """Call the deduplication store; if it gives up, close this handle at once (the
+        outbox is dropped: nothing unflushed reaches the producer side) and raise."""
+        try:
+            call(*args)
+        except DedupStoreError:
+            self._closed = True
+            self._outbox = []
+            self._timers.cancel_all()
+            self._arrived.notify_all()
+            raise
 
     def _wait(self, deadline: float | None, timeout: float | None) -> None:
         """Wait for the inbox to fill. Announce the wait first, then look once more: a
@@ -286,6 +367,30 @@ class Consumer(DeliveryFeed):
         if sends:
             _tell_all(sends)
 
+    def _reject(self, confirm_to: _ConfirmTo, reason: str) -> None:
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            outstanding = self._outstanding
+            if outstanding is None or outstanding.confirm_to is not confirm_to:
+                msg = (
+                    "Consumer: reject() of a delivery that is not the outstanding one "
+                    "(already confirmed or rejected?): answer each delivery once"
+                )
+                raise LocalProtocolError(msg)
+            if self._dead_letters is None:
+                msg = (
+                    "Consumer: reject() needs a dead-letter destination for the messages "
+                    "rejected max_attempts times: pass Consumer(dead_letters=path or "
+                    "destination); nothing changed"
+                )
+                raise LocalProtocolError(msg)
+            self._outstanding = None
+            self._run(self._core.on_rejected(reason))
+            sends = self._take_outbox()
+        if sends:
+            _tell_all(sends)
+
     def _take_outbox(self) -> list[tuple[Ref, Any]]:
         sends = self._outbox
         if sends:
@@ -293,11 +398,14 @@ class Consumer(DeliveryFeed):
         return sends
 
     def _run(self, effects: list[Effect]) -> None:
+        dedup = self._dedup
         for effect in effects:
             if type(effect) is Send:
                 if effect.to is self._ready:
                     self._ready.deliveries.append(effect.message)
                 else:
+                    if dedup is not None:  # flushed before any Request/Ack is told
+                        self._dedup_call(dedup.before_send, effect.message)
                     self._outbox.append((effect.to, effect.message))
             elif type(effect) is StartTimer:
                 self._timers.start(effect.key, effect.interval)
@@ -305,6 +413,23 @@ class Consumer(DeliveryFeed):
                 self._timers.cancel(effect.key)
             elif type(effect) is Stop:
                 self._timers.cancel_all()
+            elif type(effect) is RecordConfirmed and dedup is not None:
+                self._dedup_call(dedup.record, effect.producer_id, effect.seq_nr)
+            elif type(effect) is WriteDeadLetter:
+                self._write_dead_letter(effect)
+
+    def _write_dead_letter(self, effect: WriteDeadLetter) -> None:
+        """Write it before the confirmation that follows it goes anywhere; if that fails,
+        close at once (dropping the outbox) and raise."""
+        try:
+            write_dead_letter(self._dead_letters, effect)
+        except DeadLetterError as error:
+            self._dead_letter_error = error
+            self._closed = True
+            self._outbox = []
+            self._timers.cancel_all()
+            self._arrived.notify_all()
+            raise
 
 
 def _tell_all(sends: list[tuple[Ref, Any]]) -> None:

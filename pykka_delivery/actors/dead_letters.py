@@ -26,12 +26,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pykka_delivery import _sqlite
+from pykka_delivery.actors.effects import WriteDeadLetter
 from pykka_delivery.errors import DeliveryError
 from pykka_delivery.protocol import delivery_pb2
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
@@ -44,7 +46,8 @@ __all__ = [
     "ProducerDeadLetters",
     "SqliteDeadLetters",
     "StoredDeadLetter",
-    "reason_of",
+    "dead_letter_destination",
+    "write_dead_letter",
 ]
 
 
@@ -71,14 +74,6 @@ class DeadLetter:
     reason: str
     attempts: int
     timestamp_millis: int
-
-
-def reason_of(reason: str | BaseException) -> str:
-    """A rejection's reason as text: an exception becomes ``"TypeName: message"``."""
-    if isinstance(reason, BaseException):
-        text = str(reason)
-        return f"{type(reason).__name__}: {text}" if text else type(reason).__name__
-    return str(reason)
 
 
 @runtime_checkable
@@ -305,3 +300,53 @@ class ProducerDeadLetters:
             attempts=letter.attempts,
             timestamp_millis=letter.timestamp_millis,
         )
+
+
+def dead_letter_destination(
+    given: DeadLetterDestination | str | os.PathLike[str] | None,
+) -> tuple[DeadLetterDestination | None, bool]:
+    """What a consumer shell's ``dead_letters`` argument stands for, and whether the shell
+    owns it (a path: a `SqliteDeadLetters` it opens here and closes when it stops).
+
+    Raises:
+        TypeError: neither a destination, a path nor None.
+        DeadLetterError: the SQLite file cannot be opened.
+    """
+    if given is None:
+        return None, False
+    if isinstance(given, str | os.PathLike):
+        return SqliteDeadLetters(given), True
+    if not isinstance(given, DeadLetterDestination):
+        msg = (
+            f"dead_letters must be a DeadLetterDestination (with put(letter)), the path "
+            f"of an SQLite file, or None; got {type(given).__name__}"
+        )
+        raise TypeError(msg)
+    return given, False
+
+
+def write_dead_letter(destination: DeadLetterDestination | None, effect: WriteDeadLetter) -> None:
+    """Carry out a core's `WriteDeadLetter`, stamped with the wall clock.
+
+    Raises:
+        DeadLetterError: the destination failed (or there is none: a shell lets a
+            rejection through only with a destination).
+    """
+    if destination is None:
+        msg = f"no dead-letter destination for seq_nr {effect.seq_nr} of {effect.producer_id!r}"
+        raise DeadLetterError(msg)
+    letter = DeadLetter(
+        effect.producer_id,
+        effect.seq_nr,
+        effect.message,
+        effect.reason,
+        effect.attempts,
+        int(time.time() * 1000),
+    )
+    try:
+        destination.put(letter)
+    except DeadLetterError:
+        raise
+    except Exception as error:  # a user's destination: report it as ours, naming it
+        msg = f"{destination!r} failed to keep seq_nr {effect.seq_nr}: {error}"
+        raise DeadLetterError(msg) from error

@@ -15,11 +15,14 @@ from pykka_delivery.actors.messages import Ref, fast_frozen_init
 __all__ = [
     "CancelTimer",
     "Effect",
+    "RecordConfirmed",
     "Send",
     "StartTimer",
     "Stop",
     "StoreMessageConfirmed",
     "StoreMessageSent",
+    "StoreMessagesSent",
+    "WriteDeadLetter",
 ]
 
 
@@ -58,6 +61,15 @@ class StoreMessageSent:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreMessagesSent:
+    """Store ``sents`` (consecutive seq_nrs) in the durable producer queue in one write,
+    all or none; as for `StoreMessageSent`, the effects after this one run only once they
+    are stored. A batch costs one durable write (one commit) instead of one per message."""
+
+    sents: tuple[MessageSent, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StoreMessageConfirmed:
     """Store in the durable producer queue that ``qualifier``'s messages up to ``seq_nr``
     are confirmed (the queue may write it behind)."""
@@ -67,9 +79,46 @@ class StoreMessageConfirmed:
     timestamp_millis: int
 
 
+@fast_frozen_init  # one per confirmation when a deduplication store is used
+@dataclass(frozen=True, slots=True)
+class RecordConfirmed:
+    """Write to the consumer's deduplication store that ``producer_id``'s messages up to
+    ``seq_nr`` are confirmed (the store may buffer it). The shell flushes the store before
+    any later `Request` or `Ack` leaves: a producer must never drop a message the consumer
+    could forget it confirmed. ``seq_nr`` 0 forgets the producer id's position (a sequence
+    restart under ``on_sequence_restart="reset"``)."""
+
+    producer_id: str
+    seq_nr: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteDeadLetter:
+    """Write a message the consumer rejected ``attempts`` times to the dead-letter
+    destination; the effects after this one (the confirmation that moves the stream on)
+    run only once it is written. If it cannot be written, the shell stops the controller
+    instead of going on (the message stays unconfirmed at the producer)."""
+
+    producer_id: str
+    seq_nr: int
+    message: Any
+    reason: str
+    attempts: int
+
+
 @dataclass(frozen=True, slots=True)
 class Stop:
     """The controller has finished: stop it (after carrying out the effects before it)."""
 
 
-Effect = Send | StartTimer | CancelTimer | Stop | StoreMessageSent | StoreMessageConfirmed
+Effect = (
+    Send
+    | StartTimer
+    | CancelTimer
+    | Stop
+    | StoreMessageSent
+    | StoreMessagesSent
+    | StoreMessageConfirmed
+    | RecordConfirmed
+    | WriteDeadLetter
+)

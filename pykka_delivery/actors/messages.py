@@ -40,6 +40,7 @@ __all__ = [
     "Ref",
     "RegisterConsumer",
     "RegisterToProducerController",
+    "Rejected",
     "Request",
     "RequestNext",
     "Resend",
@@ -256,22 +257,44 @@ class Confirmed:
 CONFIRMED = Confirmed()
 
 
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The consumer could not process the current `Delivery`: it is delivered again after
+    a backoff, or, after ``max_attempts`` deliveries, written to the dead-letter
+    destination (``reason`` with it) and the stream moves on."""
+
+    reason: str
+
+
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message handed to the consumer; the next comes only after it is confirmed.
+    """One message handed to the consumer; the next comes only after it is confirmed (or
+    rejected).
 
-    For a chunked message ``seq_nr`` is the seq_nr of its last piece.
+    For a chunked message ``seq_nr`` is the seq_nr of its last piece. ``attempt`` counts
+    the deliveries of this message to this consumer controller: 1, then 2, 3, ... each
+    time it is delivered again after `reject`.
     """
 
     message: Any
     confirm_to: Ref = field(compare=False, repr=False)
     producer_id: str
     seq_nr: int
+    attempt: int
 
     def confirm(self) -> None:
         """Tell the consumer controller this delivery is processed (`Confirmed`)."""
         self.confirm_to.tell(CONFIRMED)
+
+    def reject(self, reason: str | BaseException) -> None:
+        """Tell the consumer controller this delivery could not be processed (`Rejected`):
+        it comes again after a backoff, until ``max_attempts``, then goes to the
+        dead-letter destination. An exception is recorded as ``"TypeName: message"``."""
+        if isinstance(reason, BaseException):
+            text = str(reason)
+            reason = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
+        self.confirm_to.tell(Rejected(reason))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,16 +9,28 @@ Usage, in Akka's shape::
 On each `RequestNext` the producer sends one message with
 ``request_next.send_next_to.tell(message)`` (or asks for a confirmation with
 ``request_next.ask_next_to.tell(MessageWithConfirmation(message, reply_to))``).
+
+With a durable queue (``ProducerController.start("orders", durable_queue=queue)``) every
+message is stored before it is sent, and a controller started again with the same
+producer id on the same queue resends what was not confirmed and continues the numbering
+(see producer_core.py and _shell.py, `DurableQueueCalls`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from pykka_delivery.actors._shell import ControllerActor
+from pykka_delivery.actors._shell import (
+    STORE_EFFECTS,
+    ControllerActor,
+    DurableQueueCalls,
+    wall_clock_millis,
+)
+from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
 from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import (
     MessageWithConfirmation,
@@ -63,6 +75,14 @@ class ProducerController(ControllerActor):
         self_ref_factory: builds the ref the consumer side uses to reach this controller
             from its pykka ref (a transport's remote address, or a fault injector in tests).
         timer_service: default: the process-wide one.
+        durable_queue: where messages are stored before they are sent; None (the default):
+            none, messages live in memory only. Its state is loaded when the controller
+            is created, so ``start`` raises `DurableQueueError` if every attempt fails.
+            The caller owns the queue: one controller at a time uses it, and the caller
+            closes it after that controller stopped (the controller flushes it on stop).
+            If a store fails ``durable_queue_retry_attempts`` times, the controller logs
+            an error and stops; start another on the same queue to carry on.
+        clock_millis: the clock of the stored timestamps; default: the wall clock.
     """
 
     Start = ProducerStart
@@ -78,15 +98,53 @@ class ProducerController(ControllerActor):
         serialization: Serialization | None = None,
         self_ref_factory: Callable[[pykka.ActorRef[Any]], Ref] | None = None,
         timer_service: TimerService | None = None,
+        durable_queue: DurableProducerQueue | None = None,
+        clock_millis: Callable[[], int] = wall_clock_millis,
     ) -> None:
         super().__init__(self_ref_factory=self_ref_factory, timer_service=timer_service)
+        settings = settings or ProducerControllerSettings()
+        self._durable: DurableQueueCalls | None = None
+        self._failed = False
+        state = None
+        if durable_queue is not None:
+            self._durable = DurableQueueCalls(
+                durable_queue, settings, f"ProducerController {producer_id!r}"
+            )
+            state = self._durable.load()
         self.core = ProducerCore(
             producer_id,
             self.self_ref,
             _SendNextAdapter(self.actor_ref),
             settings,
             serialization,
+            durable_state=state,
+            clock_millis=clock_millis,
         )
+
+    def on_receive(self, message: Any) -> None:
+        if self._failed:
+            return  # stopping: what the core would do now rests on a state the queue lacks
+        super().on_receive(message)
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        if self._durable is not None and not self._failed:
+            # Logged on failure; confirmations not flushed only cost duplicates on restart.
+            with contextlib.suppress(DurableQueueError):
+                self._durable.flush()
+
+    def _run_other(self, effect: Effect) -> bool:
+        if self._durable is None or not isinstance(effect, STORE_EFFECTS):
+            return super()._run_other(effect)
+        try:
+            self._durable.store(effect)
+        except DurableQueueError:
+            # Logged with the fix. Akka's controller crashes here; so do we, cleanly.
+            self._failed = True
+            self._timers.cancel_all()
+            self.stop()
+            return False
+        return True
 
     def _core_receive(self, message: Any) -> list[Effect]:
         return self.core.receive(message)

@@ -18,6 +18,13 @@ Theory of operation (a port of Pekko's ``ProducerControllerImpl``; names kept):
   (messages were lost), the window is widened from ``current_seq_nr``.
 * Large messages are cut into chunks, one seq_nr each; the producer gets no `RequestNext`
   until the last chunk is sent.
+* Durable mode (a `DurableProducerState` loaded from a durable producer queue is given):
+  every message, or every chunk, is stored before it is sent (`StoreMessageSent` comes
+  before its `Send`), a `MessageWithConfirmation` is answered as soon as it is stored, and
+  each rise of the confirmed seq_nr is stored behind (`StoreMessageConfirmed`). The core
+  starts from the loaded state (Akka's ``createState``): numbering continues at its
+  ``current_seq_nr`` and its unconfirmed messages are resent, with their original seq_nrs,
+  the first one marked first; the producer gets demand only once the consumer side asks.
 
 Decisions where we differ from the original (docs/decisions.md):
 
@@ -25,6 +32,9 @@ Decisions where we differ from the original (docs/decisions.md):
   (Akka requires it to reach beyond, which stalls windows below 3).
 * P2: ``Resend(0)`` marks the head of ``unconfirmed`` as first *before* resending it, so a
   fresh consumer controller accepts it in one round instead of two.
+* P3: after a durable reload with unconfirmed messages, the first one is resent and the
+  resend-first timer started (Akka resends it once, without a timer: if that one message
+  is lost, nobody resends it, since the consumer side's retries go to the old controller).
 
 The core has one owner: only this module assigns its fields. It keeps them in a mutable
 slotted object, not a frozen record replaced per event: ``dataclasses.replace`` measured
@@ -35,14 +45,24 @@ view the tests assert on.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pykka_delivery.actors.chunking import make_chunks
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.actors.durable_queue import NO_QUALIFIER, DurableProducerState, MessageSent
+from pykka_delivery.actors.effects import (
+    CancelTimer,
+    Effect,
+    Send,
+    StartTimer,
+    StoreMessageConfirmed,
+    StoreMessageSent,
+    StoreMessagesSent,
+)
 from pykka_delivery.actors.messages import (
     Ack,
     MessageWithConfirmation,
@@ -66,6 +86,14 @@ logger = logging.getLogger("pykka_delivery.producer")
 
 RESEND_FIRST = "resend_first"
 """Key of the timer that resends the first message of a session until it is confirmed."""
+
+
+_NOTHING = object()  # an exhausted iterator's marker in on_msg_batch
+
+
+def _no_clock() -> int:
+    msg = "ProducerCore without a durable_state reads no clock"
+    raise AssertionError(msg)
 
 
 class ProducerPhase(enum.Enum):
@@ -106,6 +134,7 @@ class ProducerStats:
         resend_requests: `Resend` messages received.
         acks: `Ack` messages received.
         rejected: inputs refused as protocol misuse (see the log for each).
+        stored: messages (or chunks) handed to the durable queue to store (0 without one).
     """
 
     sent: int
@@ -114,6 +143,7 @@ class ProducerStats:
     resend_requests: int
     acks: int
     rejected: int
+    stored: int
 
 
 class ProducerCore:
@@ -130,18 +160,29 @@ class ProducerCore:
         announce_demand: send `RequestNext` to the producer (True, the actor protocol).
             An owner that polls `has_demand` instead (the `Producer` handle) passes False
             and saves building a `RequestNext` per message.
+        durable_state: what the durable producer queue loaded: given, the core is durable
+            (see the module docstring) and starts from it. None: no durable queue.
+        clock_millis: the wall clock in milliseconds since the epoch, for the timestamps
+            of what is stored; required with ``durable_state`` (the core reads no clock).
+
+    Raises:
+        ValueError: ``durable_state`` without ``clock_millis``.
     """
 
     __slots__ = (
         "_acks",
         "_announce",
         "_chunk_size",
+        "_clock",
+        "_durable",
         "_handlers",
+        "_plain",
         "_rejected",
         "_requests",
         "_resend_requests",
         "_resent",
         "_sent",
+        "_stored",
         "confirmed_seq_nr",
         "consumer",
         "current_seq_nr",
@@ -170,6 +211,8 @@ class ProducerCore:
         serialization: Serialization | None = None,
         *,
         announce_demand: bool = True,
+        durable_state: DurableProducerState | None = None,
+        clock_millis: Callable[[], int] | None = None,
     ) -> None:
         self.producer_id = producer_id
         self._announce = announce_demand
@@ -192,7 +235,21 @@ class ProducerCore:
         self.remaining_chunks: deque[SequencedMessage] = deque()
         self.replies: dict[int, Ref] = {}
         self._sent = self._resent = self._requests = self._resend_requests = 0
-        self._acks = self._rejected = 0
+        self._acks = self._rejected = self._stored = 0
+        self._durable = durable_state is not None
+        self._clock: Callable[[], int] = clock_millis or _no_clock
+        if durable_state is not None:
+            if clock_millis is None:
+                msg = (
+                    f"ProducerCore {producer_id!r}: a durable_state needs clock_millis, the "
+                    "clock that timestamps what is stored (e.g. lambda: time.time_ns() // "
+                    "1_000_000)"
+                )
+                raise ValueError(msg)
+            self._load(durable_state)
+        # The steady-state path of `next_message` applies: no RequestNext to build, no
+        # chunks to cut, nothing to store first.
+        self._plain = not announce_demand and not self._chunk_size and not self._durable
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
             SendNext: lambda m: self.on_msg(m.message),
             MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to),
@@ -250,6 +307,7 @@ class ProducerCore:
             resend_requests=self._resend_requests,
             acks=self._acks,
             rejected=self._rejected,
+            stored=self._stored,
         )
 
     # --- inputs ----------------------------------------------------------------------
@@ -325,23 +383,67 @@ class ProducerCore:
             self.remaining_chunks.extend(chunks)
             self._send_chunks(effects)
             return effects
-        if reply_to is not None:
-            self.replies[current] = reply_to
-        self._send_new(
-            SequencedMessage(
-                self.producer_id, current, message, current == self.first_seq_nr, ack, self.self_ref
-            ),
-            effects,
-            True,
+        seq_msg = SequencedMessage(
+            self.producer_id, current, message, current == self.first_seq_nr, ack, self.self_ref
         )
+        if self._durable:
+            self._store(seq_msg, effects)
+            if reply_to is not None:  # with a durable queue the reply means "stored"
+                effects.append(Send(reply_to, current))
+        elif reply_to is not None:
+            self.replies[current] = reply_to
+        self._send_new(seq_msg, effects, True)
+        return effects
+
+    def on_msg_batch(self, messages: Iterator[Any]) -> list[Effect]:
+        """`on_msg` for several messages at once: takes from ``messages`` as many as the
+        window allows now (one when chunking is on: its chunks must go first). In durable
+        mode one `StoreMessagesSent` stores them all before their sends. For an owner that
+        does not announce demand (a handle); the number taken shows in `last_seq_nr`.
+
+        Raises:
+            LocalProtocolError: there is no demand.
+        """
+        if not self.has_demand:
+            self._rejected += 1
+            raise LocalProtocolError(self._no_demand_message())
+        if self._chunk_size:
+            first = next(messages, _NOTHING)
+            return [] if first is _NOTHING else self.on_msg(first)
+        batch = list(itertools.islice(messages, self.requested_seq_nr - self.current_seq_nr + 1))
+        effects: list[Effect] = []
+        if not batch:
+            return effects
+        producer_id, self_ref = self.producer_id, self.self_ref
+        start = self.current_seq_nr
+        seq_msgs = [
+            SequencedMessage(
+                producer_id, start + i, m, start + i == self.first_seq_nr, False, self_ref
+            )
+            for i, m in enumerate(batch)
+        ]
+        if self._durable:
+            now = self._clock()
+            effects.append(
+                StoreMessagesSent(
+                    tuple(
+                        MessageSent(m.seq_nr, m.message, False, NO_QUALIFIER, now) for m in seq_msgs
+                    )
+                )
+            )
+            self._stored += len(seq_msgs)
+        last = seq_msgs[-1]
+        for seq_msg in seq_msgs:
+            self._send_new(seq_msg, effects, seq_msg is last)
         return effects
 
     def next_message(self, message: object) -> SequencedMessage | None:
         """`on_msg` for the steady state of a core that does not announce demand: number
         ``message`` and keep it for resending, with no effects. The caller tells the
         returned `SequencedMessage` to ``consumer`` itself. Returns None (nothing changed)
-        when `on_msg` is needed: no demand, chunking on, or the first message of a session
-        (which starts the first-resend timer).
+        when `on_msg` is needed: no demand, chunking on, durable mode (the message must be
+        stored first), or the first message of a session (which starts the first-resend
+        timer).
         """
         current = self.current_seq_nr
         if not (
@@ -349,8 +451,7 @@ class ProducerCore:
             and current <= self.requested_seq_nr
             and current != self.first_seq_nr
             and self.phase is _ACTIVE
-            and not self._announce
-            and not self._chunk_size
+            and self._plain
         ):
             return None
         seq_msg = SequencedMessage(self.producer_id, current, message, False, False, self.self_ref)
@@ -438,8 +539,40 @@ class ProducerCore:
             return []
         self.phase = _ACTIVE
         logger.debug("ProducerController %r active", self.producer_id)
+        if self.unconfirmed:
+            # Reloaded from a durable queue: the first unconfirmed goes now, marked first,
+            # the rest once the consumer side confirms it (on_request); the producer waits
+            # for the consumer's Request. P3: the timer resends it if it is lost.
+            logger.debug(
+                "ProducerController %r starting with %d unconfirmed",
+                self.producer_id,
+                len(self.unconfirmed),
+            )
+            effects: list[Effect] = [StartTimer(RESEND_FIRST, self.settings.resend_first_interval)]
+            self._resend_first(effects)
+            return effects
         self.requested = True
         return [Send(self.producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
+
+    def _load(self, state: DurableProducerState) -> None:
+        """Akka's ``createState``: continue from what the durable queue holds."""
+        # The queue already drops partially stored chunked messages on load; doing it again
+        # costs nothing when there are none, and a queue that forgot cannot make us resend
+        # half a message.
+        state = state.cleanup_partial_chunked_messages()
+        producer_id, self_ref = self.producer_id, self.self_ref
+        self.unconfirmed = deque(
+            SequencedMessage(producer_id, m.seq_nr, m.message, i == 0, m.ack, self_ref)
+            for i, m in enumerate(state.unconfirmed)
+        )
+        self.current_seq_nr = state.current_seq_nr
+        self.confirmed_seq_nr = state.highest_confirmed_seq_nr
+        # The Pekko fix (#2760): up to current_seq_nr, not 1, or the first send after a
+        # reload with nothing unconfirmed would be refused for lack of demand.
+        self.requested_seq_nr = state.current_seq_nr
+        # Akka: highest confirmed + 1, which is the same seq_nr for a point-to-point queue;
+        # taken from what is actually there, the first message sent is always marked first.
+        self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else state.current_seq_nr
 
     def _request_next(self, current_seq_nr: int, confirmed_seq_nr: int) -> RequestNext:
         return RequestNext(
@@ -495,9 +628,25 @@ class ProducerCore:
 
     def _send_chunks(self, effects: list[Effect]) -> None:
         remaining = self.remaining_chunks
+        durable = self._durable
         while remaining and remaining[0].seq_nr <= self.requested_seq_nr:
             chunk = remaining.popleft()
+            if durable:  # each chunk is stored right before it is sent
+                self._store(chunk, effects)
+                reply_to = self.replies.pop(chunk.seq_nr, None)  # keyed by the last chunk
+                if reply_to is not None:
+                    effects.append(Send(reply_to, chunk.seq_nr))
             self._send_new(chunk, effects, chunk.message.last_chunk)
+
+    def _store(self, seq_msg: SequencedMessage, effects: list[Effect]) -> None:
+        effects.append(
+            StoreMessageSent(
+                MessageSent(
+                    seq_msg.seq_nr, seq_msg.message, seq_msg.ack, NO_QUALIFIER, self._clock()
+                )
+            )
+        )
+        self._stored += 1
 
     def _chunk(self, message: object, ack: bool) -> list[SequencedMessage]:
         pieces = make_chunks(message, self._chunk_size, self.serialization)
@@ -525,7 +674,10 @@ class ProducerCore:
             unconfirmed.popleft()
         if confirmed_seq_nr == self.first_seq_nr:
             effects.append(CancelTimer(RESEND_FIRST))
-        self.confirmed_seq_nr = max(self.confirmed_seq_nr, confirmed_seq_nr)
+        if confirmed_seq_nr > self.confirmed_seq_nr:
+            self.confirmed_seq_nr = confirmed_seq_nr
+            if self._durable:  # written behind: a lost one means a duplicate, not a loss
+                effects.append(StoreMessageConfirmed(confirmed_seq_nr, NO_QUALIFIER, self._clock()))
 
     def _resend(self, messages: Any, effects: list[Effect]) -> None:
         if not messages:

@@ -7,18 +7,32 @@ other threads; they are queued and processed by whichever thread next holds the 
 lock — the arriving thread itself when the application is not inside a call (so an idle
 producer still answers resends), otherwise the application's thread before it returns.
 Nobody ever blocks waiting for that lock except the application's own calls.
+
+With a durable queue, the queue is called by whichever thread holds the lock (never two at
+once): stores of messages mostly from the application's thread, stores of confirmations
+mostly from the threads that bring them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pykka_delivery.actors._handle_parts import Ignore, ReplySlot, send_through
+from pykka_delivery.actors._handle_parts import (
+    Ignore,
+    ReplySlot,
+    failed_error,
+    open_durable,
+    send_batch_through,
+    send_through,
+)
+from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
+from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
 from pykka_delivery.actors.messages import Ref, RegisterConsumer, RequestNext
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
@@ -61,9 +75,20 @@ class Producer:
         timer_service: default: the process-wide one.
         self_ref_factory: builds the ref the other side uses to reach this handle from
             its local endpoint (a transport's remote address, or a fault injector in tests).
+        durable_queue: where messages are stored before they are sent; None (the default):
+            none. Its state is loaded here: what it holds unconfirmed is resent once a
+            consumer registers, and numbering continues after it. The caller owns the
+            queue: one producer at a time uses it, `close` flushes it, the caller closes
+            it. If a store fails ``durable_queue_retry_attempts`` times the producer
+            closes itself and the call raises `DurableQueueError`, as does every later
+            call; create a new producer on the same queue to carry on.
+        clock_millis: the clock of the stored timestamps; default: the wall clock.
 
     Connect it with `register_consumer` (or let a consumer register with
     ``consumer.register_to(producer.ref)``). Thread-safe, but meant for one sending thread.
+
+    Raises:
+        DurableQueueError: loading the durable queue's state failed every attempt.
     """
 
     def __init__(
@@ -74,7 +99,11 @@ class Producer:
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         self_ref_factory: Callable[[Ref], Ref] | None = None,
+        durable_queue: DurableProducerQueue | None = None,
+        clock_millis: Callable[[], int] = wall_clock_millis,
     ) -> None:
+        self._durable, state = open_durable(durable_queue, settings, f"Producer {producer_id!r}")
+        self._failure: DurableQueueError | None = None
         self.producer_id = producer_id
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -94,6 +123,8 @@ class Producer:
             settings,
             serialization,
             announce_demand=False,  # demand is read from the core (has_demand)
+            durable_state=state,
+            clock_millis=clock_millis,
         )
         with self._lock:
             self._run(self._core.on_start(self._ignore))
@@ -117,6 +148,7 @@ class Producer:
         Raises:
             DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
             ClosedError: the producer was closed.
+            DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         with self._lock:
             core = self._core
@@ -126,6 +158,38 @@ class Producer:
         if self._inbox:
             self._after_release()
         return seq_nr
+
+    def send_many(self, messages: Iterable[Any], timeout: float | None = None) -> list[int]:
+        """Send ``messages`` in order, each once the consumer has room for it; returns their
+        seq_nrs. It takes as many at a time as the consumer's window allows: with a durable
+        queue, each such batch is stored with one write (one commit), which is what makes
+        durable sending fast; without one, it still saves a call per message.
+
+        Raises:
+            DeliveryTimeout: not all were sent within ``timeout`` seconds; the error says
+                how many were (those are in the stream; the rest were not sent).
+            ClosedError: the producer was closed.
+            DurableQueueError: storing failed every attempt (the producer is closed).
+        """
+        pending = list(messages)
+        seq_nrs: list[int] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        iterator = iter(pending)
+        with self._lock:
+            self._check_open()
+            while len(seq_nrs) < len(pending):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                try:
+                    self._wait_for(self._has_demand, remaining, "demand to send")
+                except DeliveryTimeout:
+                    msg = (
+                        f"Producer {self.producer_id!r}: no demand within {timeout} s: the "
+                        f"first {len(seq_nrs)} of {len(pending)} messages were sent"
+                    )
+                    raise DeliveryTimeout(msg) from None
+                seq_nrs += send_batch_through(self._core, iterator, self._run)
+        self._after_release()
+        return seq_nrs
 
     def send_nowait(self, message: Any) -> int:
         """Send ``message`` if the consumer has room for it now; returns its seq_nr.
@@ -145,6 +209,7 @@ class Producer:
 
     def send_and_confirm(self, message: Any, timeout: float | None = None) -> int:
         """Send ``message`` and wait until the consumer confirmed it; returns its seq_nr.
+        With a durable queue, as in Akka, it returns once the message is stored instead.
 
         Raises:
             DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
@@ -179,11 +244,18 @@ class Producer:
     def close(self) -> None:
         """Stop the timers, refuse further sends and ignore the consumer side from now on:
         unconfirmed messages are not resent any more (close after `wait_confirmed` to be
-        sure nothing is lost)."""
+        sure nothing is lost, or use a durable queue). The durable queue, if any, is
+        flushed, not closed: its owner closes it."""
         with self._lock:
             self._closed = True
             self._timers.cancel_all()
             self._changed.notify_all()
+            flush = self._durable is not None and self._failure is None
+        if flush:
+            assert self._durable is not None
+            # Logged on failure; confirmations not flushed only cost duplicates on restart.
+            with contextlib.suppress(DurableQueueError):
+                self._durable.flush()
 
     def __enter__(self) -> Producer:
         return self
@@ -206,6 +278,8 @@ class Producer:
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._failure is not None:
+                raise failed_error(self.producer_id) from self._failure
             msg = f"Producer {self.producer_id!r} is closed"
             raise ClosedError(msg)
 
@@ -287,7 +361,10 @@ class Producer:
                 except LocalProtocolError as error:
                     logger.error("%s", error)
                     continue
-                self._run(effects)
+                try:
+                    self._run(effects)
+                except DurableQueueError:
+                    return  # _fail closed the producer; the application's next call raises
         self._changed.notify_all()
 
     def _run(self, effects: list[Effect]) -> None:
@@ -301,3 +378,18 @@ class Producer:
                     self._timers.start(effect.key, effect.interval)
             elif type(effect) is CancelTimer:
                 self._timers.cancel(effect.key)
+            elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
+                try:
+                    self._durable.store(effect)
+                except DurableQueueError as error:
+                    self._fail(error)
+                    raise
+
+    def _fail(self, error: DurableQueueError) -> None:
+        """The durable queue failed every attempt: the core's state is ahead of what is
+        stored, so nothing more may be sent from it. Close; the calls raise ``error``."""
+        self._failure = error
+        self._closed = True
+        self._timers.cancel_all()
+        self._inbox.clear()
+        self._changed.notify_all()

@@ -435,7 +435,7 @@ def test_add_notes_the_message_and_its_target_on_the_error(codec: Codec) -> None
         RequestNext("producer-1", 1, 0, PC, PC),
         MessageWithConfirmation(b"x", PC),
         SendNext(b"x"),
-        Delivery(b"x", CC, "producer-1", 1),
+        Delivery(b"x", CC, "producer-1", 1, 1),
         CONFIRMED,
         DeliverThenStop(),
         RegisterToProducerController(PC),
