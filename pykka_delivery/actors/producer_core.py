@@ -80,9 +80,19 @@ from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
-__all__ = ["RESEND_FIRST", "ProducerCore", "ProducerPhase", "ProducerSnapshot", "ProducerStats"]
+__all__ = [
+    "RESEND_FIRST",
+    "STUCK_CHECK",
+    "ProducerCore",
+    "ProducerPhase",
+    "ProducerSnapshot",
+    "ProducerStats",
+]
 
 logger = logging.getLogger("pykka_delivery.producer")
+
+STUCK_CHECK = "stuck_check"
+"""Key of the timer that looks for messages unconfirmed longer than ``stuck_after``."""
 
 RESEND_FIRST = "resend_first"
 """Key of the timer that resends the first message of a session until it is confirmed."""
@@ -135,6 +145,10 @@ class ProducerStats:
         acks: `Ack` messages received.
         rejected: inputs refused as protocol misuse (see the log for each).
         stored: messages (or chunks) handed to the durable queue to store (0 without one).
+        stuck: messages sent more than ``stuck_after`` seconds ago and not confirmed, at
+            the last check (a gauge; 0 when the check is off).
+        stuck_reports: times messages were found stuck after none were (each logged as a
+            warning).
     """
 
     sent: int
@@ -144,6 +158,8 @@ class ProducerStats:
     acks: int
     rejected: int
     stored: int
+    stuck: int
+    stuck_reports: int
 
 
 class ProducerCore:
@@ -182,7 +198,10 @@ class ProducerCore:
         "_resend_requests",
         "_resent",
         "_sent",
+        "_sent_marks",
         "_stored",
+        "_stuck",
+        "_stuck_reports",
         "confirmed_seq_nr",
         "consumer",
         "current_seq_nr",
@@ -236,6 +255,10 @@ class ProducerCore:
         self.replies: dict[int, Ref] = {}
         self._sent = self._resent = self._requests = self._resend_requests = 0
         self._acks = self._rejected = self._stored = 0
+        # The stuck check: (when, last seq_nr sent by then), one mark per check, so that
+        # nothing is recorded per message.
+        self._sent_marks: deque[tuple[float, int]] = deque()
+        self._stuck = self._stuck_reports = 0
         self._durable = durable_state is not None
         self._clock: Callable[[], int] = clock_millis or _no_clock
         if durable_state is not None:
@@ -308,6 +331,8 @@ class ProducerCore:
             acks=self._acks,
             rejected=self._rejected,
             stored=self._stored,
+            stuck=self._stuck,
+            stuck_reports=self._stuck_reports,
         )
 
     # --- inputs ----------------------------------------------------------------------
@@ -523,6 +548,9 @@ class ProducerCore:
 
     def on_timer(self, key: str) -> list[Effect]:
         """A timer started by this core fired."""
+        if key == STUCK_CHECK:
+            self._check_stuck()
+            return []
         if key != RESEND_FIRST:
             return []
         effects: list[Effect] = []
@@ -534,10 +562,46 @@ class ProducerCore:
 
     # --- internals -------------------------------------------------------------------
 
+    def _check_stuck(self) -> None:
+        """Count what was sent ``stuck_after`` seconds ago or earlier and is still not
+        confirmed; warn when that becomes non-zero, tell when it is zero again."""
+        now = self._clock() / 1000
+        marks = self._sent_marks
+        marks.append((now, self.current_seq_nr - 1))
+        limit = now - self.settings.stuck_after
+        sent_by_limit = None
+        while marks and marks[0][0] <= limit:
+            sent_by_limit = marks.popleft()[1]
+        if sent_by_limit is not None:
+            marks.appendleft((limit, sent_by_limit))  # still the latest mark that old
+        stuck = 0 if sent_by_limit is None else max(0, sent_by_limit - self.confirmed_seq_nr)
+        if stuck and not self._stuck:
+            self._stuck_reports += 1
+            logger.warning(
+                "Producer %r: %d messages sent more than %s s ago are not confirmed (the "
+                "oldest is seq_nr %d; the consumer side confirmed up to %d): is the consumer "
+                "alive, connected and confirming?",
+                self.producer_id,
+                stuck,
+                self.settings.stuck_after,
+                self.confirmed_seq_nr + 1,
+                self.confirmed_seq_nr,
+            )
+        elif self._stuck and not stuck:
+            logger.info("Producer %r: no message is stuck any more", self.producer_id)
+        self._stuck = stuck
+
     def _become_active_if_ready(self) -> list[Effect]:
         if self.producer is None or self.consumer is None:
             return []
         self.phase = _ACTIVE
+        stuck_after = self.settings.stuck_after
+        if stuck_after and self._clock is not _no_clock:
+            check: list[Effect] = [StartTimer(STUCK_CHECK, stuck_after / 4)]
+            return check + self._activate(self.producer)
+        return self._activate(self.producer)
+
+    def _activate(self, producer: Ref) -> list[Effect]:
         logger.debug("ProducerController %r active", self.producer_id)
         if self.unconfirmed:
             # Reloaded from a durable queue: the first unconfirmed goes now, marked first,
@@ -552,7 +616,7 @@ class ProducerCore:
             self._resend_first(effects)
             return effects
         self.requested = True
-        return [Send(self.producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
+        return [Send(producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
 
     def _load(self, state: DurableProducerState) -> None:
         """Akka's ``createState``: continue from what the durable queue holds."""

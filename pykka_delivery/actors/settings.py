@@ -131,6 +131,12 @@ class ProducerControllerSettings:
             blocks the controller (the queue is called synchronously). Default 0.01.
         durable_queue_retry_backoff_max: the longest wait between two attempts. With the
             defaults the ten attempts take about 3.3 s of waiting. Default 1 s.
+        stuck_after: seconds after which messages sent but not confirmed are reported as
+            stuck: a warning naming the producer id, how many and the oldest seq_nr, and
+            the ``stuck`` figure of the controller's statistics (a gauge for metrics). The
+            check runs every ``stuck_after / 4`` seconds, so a message is reported between
+            ``stuck_after`` and ``1.25 * stuck_after`` after it was sent. 0 turns the check
+            off. Default 60 s.
     """
 
     chunk_large_messages: int = 0
@@ -138,8 +144,13 @@ class ProducerControllerSettings:
     durable_queue_retry_attempts: int = 10
     durable_queue_retry_backoff: float = 0.01
     durable_queue_retry_backoff_max: float = 1.0
+    stuck_after: float = 60.0
 
     def __post_init__(self) -> None:
+        _require(
+            0 <= self.stuck_after <= 86_400,
+            f"stuck_after must be from 0 (off) to 86400 seconds, got {self.stuck_after}",
+        )
         _require(
             self.chunk_large_messages >= 0,
             f"chunk_large_messages must be 0 (off) or a size in bytes, "
