@@ -20,8 +20,8 @@ drawn from the seed as in the original:
 
 1. work with flaky network
    -> test_flaky_network_delivers_every_message_once_in_order
-2. work with flaky DurableProducerQueue -> not ported yet: needs the durable queue.
-3. work with flaky network and flaky DurableProducerQueue -> not ported yet: same.
+2. work with flaky DurableProducerQueue -> tests/durable/test_durable_random.py
+3. work with flaky network and flaky DurableProducerQueue -> tests/durable/test_durable_random.py
 4. work with flaky network without resending (only flow control)
    -> test_only_flow_control_delivers_in_order_without_duplicates
    -> test_only_flow_control_never_sends_beyond_the_granted_window

@@ -13,7 +13,7 @@ Original test (ReliableDeliveryRandomSpec, reference section 7.6) -> test here:
 
 1. work with flaky network
    -> test_flaky_network_delivers_every_message_once_in_order
-2. work with flaky DurableProducerQueue -> not ported yet: comes with the durable queue.
+2. work with flaky DurableProducerQueue -> tests/durable/test_durable_random.py
 3. work with flaky network and flaky DurableProducerQueue -> likewise.
 4. work with flaky network without resending (only flow control)
    -> test_flaky_network_without_resending_delivers_in_order_without_duplicates
