@@ -1,0 +1,1 @@
+"""Tests of partitioned streams: keyed routing and the stream/group config."""
