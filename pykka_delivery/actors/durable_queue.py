@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from pykka_delivery.actors.messages import ChunkedMessage
+from pykka_delivery.actors.messages import ChunkedMessage, fast_frozen_init
 from pykka_delivery.errors import DeliveryError
 
 __all__ = [
@@ -53,6 +53,7 @@ class DurableQueueError(DeliveryError):
     """A durable producer queue could not load or store; the message names what and why."""
 
 
+@fast_frozen_init  # one per message stored
 @dataclass(frozen=True, slots=True)
 class MessageSent:
     """One stored message (or chunk) awaiting confirmation.
