@@ -33,6 +33,7 @@ from pykka_delivery.actors import (
     SqliteDeadLetters,
     SqliteDedupStore,
     SqliteDurableQueue,
+    WorkPullingProducer,
     WorkPullingProducerController,
     WorkPullingSettings,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "SqliteDeadLetters",
     "SqliteDedupStore",
     "SqliteDurableQueue",
+    "WorkPullingProducer",
     "WorkPullingProducerController",
     "WorkPullingSettings",
     "WouldBlock",

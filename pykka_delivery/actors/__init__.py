@@ -70,6 +70,7 @@ from pykka_delivery.actors.settings import (
 )
 from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.actors.work_pulling import WorkPullingProducerController
+from pykka_delivery.actors.work_pulling_handle import WorkPullingProducer
 
 __all__ = [
     "CONFIRMED",
@@ -125,6 +126,7 @@ __all__ = [
     "SqliteDurableQueue",
     "SqliteQueueSettings",
     "TimerService",
+    "WorkPullingProducer",
     "WorkPullingProducerController",
     "WorkPullingSettings",
     "default_registry",

@@ -40,6 +40,7 @@ from pykka_delivery.actors.effects import (
     WriteDeadLetter,
 )
 from pykka_delivery.actors.messages import Delivery, Ref, Rejected, SequencedMessage
+from pykka_delivery.actors.registry import ServiceRegistry, default_registry
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import Timers, TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
@@ -120,12 +121,23 @@ class Consumer(DeliveryFeed):
             ``reject`` raises `LocalProtocolError`, since a rejected message would have
             nowhere to go. If the destination fails, ``reject`` raises `DeadLetterError`
             and the handle closes itself (the message stays unconfirmed at the producer).
+        service_key: makes this consumer a worker of the work-pulling producers of that
+            key (Akka's ``ConsumerController(serviceKey)``): its ref is registered under
+            the key in ``registry`` here, and deregistered by `close` after the last
+            confirmations went out. None (the default): no registration.
+        registry: where to register; default: the process-wide `default_registry()`;
+            across processes a `CoordinatorServiceRegistry` (then expose the consumer
+            with ``self_ref_factory=node.expose(name)``).
 
     Connect it with `register_to` (or let a producer call ``register_consumer(consumer.ref)``).
     Retries on silence are sent while the application waits in `receive`.
 
     Raises:
         DedupStoreError: the deduplication store could not be loaded.
+        ValueError: an empty ``service_key``.
+        Exception: what ``registry.register`` raised (the consumer is closed then), e.g.
+            `TypeError` from a `CoordinatorServiceRegistry` for a consumer not exposed on
+            a transport node.
     """
 
     def __init__(
@@ -137,7 +149,12 @@ class Consumer(DeliveryFeed):
         self_ref_factory: Callable[[Ref], Ref] | None = None,
         dedup_store: DedupStore | None = None,
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
+        service_key: str | None = None,
+        registry: ServiceRegistry | None = None,
     ) -> None:
+        if service_key is not None and (not isinstance(service_key, str) or not service_key):
+            msg = f"service_key must be a non-empty str or None, got {service_key!r}"
+            raise ValueError(msg)
         settings = settings or ConsumerControllerSettings()
         self._dead_letters, self._owns_dead_letters = dead_letter_destination(dead_letters)
         self._dead_letter_error: DeadLetterError | None = None
@@ -168,6 +185,16 @@ class Consumer(DeliveryFeed):
         with self._lock:
             self._run(self._core.on_spawned())
             self._run(self._core.on_start(self._ready))
+        self._service_key = service_key
+        self._registry: ServiceRegistry | None = None
+        if service_key is not None:
+            registry = registry if registry is not None else default_registry()
+            try:
+                registry.register(service_key, self._self_ref)
+            except BaseException:
+                self.close()  # its timers, and an owned dead-letter store
+                raise
+            self._registry = registry
 
     @property
     def ref(self) -> Ref:
@@ -271,22 +298,28 @@ class Consumer(DeliveryFeed):
             DedupStoreError: the deduplication store could not be flushed (nothing was
                 told to the producer side; the handle is closed all the same).
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._run(self._core.on_stopped())
-                if self._dedup is not None:
-                    self._dedup_call(self._dedup.flush)
-            finally:
-                self._timers.cancel_all()
-                self._arrived.notify_all()
-                if self._owns_dead_letters:
-                    self._dead_letters.close()  # type: ignore[union-attr] # owned: SQLite
-            sends = self._take_outbox()
-        if sends:
-            _tell_all(sends)
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                try:
+                    self._run(self._core.on_stopped())
+                    if self._dedup is not None:
+                        self._dedup_call(self._dedup.flush)
+                finally:
+                    self._timers.cancel_all()
+                    self._arrived.notify_all()
+                    if self._owns_dead_letters:
+                        self._dead_letters.close()  # type: ignore[union-attr] # owned: SQLite
+                sends = self._take_outbox()
+            if sends:
+                _tell_all(sends)
+        finally:
+            # After the last Ack above: a work-pulling producer takes it in before it
+            # hands this worker's unconfirmed messages to the others (fewer duplicates).
+            # Also when the handle had closed itself (a failed store): it is no worker now.
+            self._leave_service()
 
     def __enter__(self) -> Consumer:
         return self
@@ -301,6 +334,15 @@ class Consumer(DeliveryFeed):
     def statistics(self) -> ConsumerStats:
         with self._lock:
             return self._core.statistics()
+
+    def _leave_service(self) -> None:
+        """Deregister from the service key, once (not under the lock: a registry may call
+        its listeners, or wait for the coordinator)."""
+        with self._lock:
+            registry, self._registry = self._registry, None
+        if registry is not None:
+            assert self._service_key is not None
+            registry.deregister(self._service_key, self._self_ref)
 
     # --- internals (call with the lock held) ------------------------------------------
 

@@ -12,7 +12,9 @@ Theory of operation (a port of Pekko's ``WorkPullingProducerControllerImpl``; na
   it back to this core, which routes it to that worker's `ProducerCore`.
 * The producer gets a `RequestNext` when some worker has demand and no message waits. Each
   message goes to a worker with demand chosen at random (Akka's rule; the random source is
-  injected), always as a message with confirmation, so the worker acknowledges each one.
+  injected), with confirmation (``ack``), so the worker acknowledges each one; or, with
+  ``ack_each_message=False``, only a `MessageWithConfirmation` so, the others being
+  confirmed by the worker's `Request`s.
 * A message that finds no worker with demand waits in the buffer, first in first out, until
   one has. The producer may also send without a `RequestNext`; such messages wait too, and
   past ``buffer_size`` waiting messages they are refused (Akka refuses any unrequested
@@ -66,6 +68,7 @@ from pykka_delivery.actors.messages import (
     RequestNext,
     Resend,
     SendNext,
+    SequencedMessage,
 )
 from pykka_delivery.actors.producer_core import RESEND_FIRST, ProducerCore
 from pykka_delivery.actors.settings import WorkPullingSettings
@@ -276,6 +279,14 @@ class WorkPullingCore:
         durable_state: the state loaded from the durable queue; None without one.
         clock_millis: the wall clock in milliseconds, for the durable queue's timestamps
             (required with ``durable_state``).
+        ack_each_message: True (the default, Akka's behaviour): every message goes to its
+            worker with ``ack``, so the worker answers each with an `Ack` and the core
+            learns at once that it is processed. False: only a `MessageWithConfirmation`
+            is sent so; the others are confirmed by the worker's `Request`s, every half
+            window, and when the producer stops, the last ones by the worker's retry (its
+            ``resend_interval_min``). An `Ack` per message is a message on the wire per
+            message, back to the producer: across processes it costs more than a cheap
+            message's own trip (see bench/workpull.py).
 
     Raises:
         ValueError: ``durable_state`` without ``clock_millis``, or a durable state holding
@@ -293,9 +304,11 @@ class WorkPullingCore:
         rng: random.Random | None = None,
         durable_state: DurableProducerState | None = None,
         clock_millis: Callable[[], int] | None = None,
+        ack_each_message: bool = True,
     ) -> None:
         self.producer_id = producer_id
         self.send_next_to = send_next_to
+        self._ack_each = ack_each_message
         self.ask_next_to = ask_next_to
         self.settings = settings or WorkPullingSettings()
         self._worker_ref = worker_ref
@@ -350,6 +363,19 @@ class WorkPullingCore:
             )
 
     # --- queries ---------------------------------------------------------------------
+
+    @property
+    def has_demand(self) -> bool:
+        """True when a message sent now goes to a worker at once: some worker has demand
+        and none waits in the buffer (when a `RequestNext` would be due). For owners that
+        read demand instead of being told it, such as the `WorkPullingProducer` handle."""
+        return not self.buffer and any(w.core.has_demand for w in self.workers.values())
+
+    @property
+    def all_confirmed(self) -> bool:
+        """True when workers confirmed every accepted message: none waits in the buffer
+        and none is unconfirmed at a worker."""
+        return not self.buffer and not any(w.sent for w in self.workers.values())
 
     def worker_stats(self) -> WorkerStats:
         return WorkerStats(len(self.workers))
@@ -440,11 +466,12 @@ class WorkPullingCore:
         effects: list[Effect] = []
         if workers:
             worker = self._rng.choice(workers)
+            asked = reply_to is not None
             if self.durable:
-                self._store(seq_nr, message, reply_to is not None, worker.worker_id, effects)
+                self._store(seq_nr, message, asked, worker.worker_id, effects)
                 self._reply_stored(seq_nr, reply_to, effects)
                 reply_to = None
-            self._send_to(worker, seq_nr, message, reply_to, effects)
+            self._send_to(worker, seq_nr, message, reply_to, effects, ack=asked or self._ack_each)
         else:
             logger.debug(
                 "No worker with demand for %r seq_nr %d, buffering", self.producer_id, seq_nr
@@ -457,6 +484,34 @@ class WorkPullingCore:
                 self.buffer.append(_Pending(seq_nr, message, reply_to, None))
         self._request_next_if_demand(effects)
         return effects
+
+    def next_message(self, message: object) -> tuple[Ref, SequencedMessage] | None:
+        """`on_msg` for the steady state of an owner that reads demand instead of being
+        told it (the `WorkPullingProducer` handle): pick a worker with demand, number
+        ``message`` in its session and keep it as unconfirmed there, with no effects.
+        Returns the worker's consumer controller and the `SequencedMessage` for the caller
+        to tell, or None (nothing changed) when `on_msg` is needed: no worker has demand,
+        messages wait in the buffer, a durable queue (the message must be stored first),
+        ``ack_each_message``, a registered producer (it must be told `RequestNext`), or
+        the first message of the worker's session (which starts its first-resend timer).
+        """
+        if self.buffer or self.durable or self._ack_each or self.producer is not None:
+            return None
+        workers = self._workers_with_demand()
+        if not workers:
+            return None
+        worker = self._rng.choice(workers)
+        core = worker.core
+        out_seq_nr = core.current_seq_nr
+        seq_msg = core.next_message(message)
+        if seq_msg is None:
+            return None
+        seq_nr = self.current_seq_nr
+        self.current_seq_nr = seq_nr + 1
+        worker.sent.append(_Sent(seq_nr, out_seq_nr, message, None))
+        self._accepted += 1
+        self._sent += 1
+        return worker.consumer_controller, seq_msg
 
     def on_worker_message(self, worker_id: str, message: object) -> list[Effect]:
         """A worker's consumer controller answers its producer controller.
@@ -526,6 +581,7 @@ class WorkPullingCore:
             self._worker_ref(worker_id),
             _NOWHERE,
             self.settings.producer_controller_settings,
+            announce_demand=False,  # its demand is read from it (has_demand)
         )
         worker = _Worker(worker_id, consumer_controller, core)
         self.workers[worker_id] = worker
@@ -585,7 +641,8 @@ class WorkPullingCore:
                 effects.append(
                     StoreMessageConfirmed(pending.seq_nr, pending.stored_as, self._now())
                 )
-            self._send_to(worker, seq_nr, pending.message, pending.reply_to, effects)
+            ack = pending.reply_to is not None or self._ack_each
+            self._send_to(worker, seq_nr, pending.message, pending.reply_to, effects, ack=ack)
 
     def _send_to(
         self,
@@ -594,12 +651,16 @@ class WorkPullingCore:
         message: Any,
         reply_to: Ref | None,
         effects: list[Effect],
+        *,
+        ack: bool,
     ) -> None:
         out_seq_nr = worker.core.current_seq_nr
         worker.sent.append(_Sent(seq_nr, out_seq_nr, message, reply_to))
         self._sent += 1
-        # Always with confirmation, as Akka: the worker then acknowledges every message.
-        self._absorb(worker, worker.core.on_msg(message, worker.confirmed_to), effects)
+        # With ``ack`` the worker acknowledges it at once; without, its Requests confirm it
+        # (see ack_each_message and _absorb).
+        asked_to = worker.confirmed_to if ack else None
+        self._absorb(worker, worker.core.on_msg(message, asked_to), effects)
 
     def _request_next_if_demand(self, effects: list[Effect]) -> None:
         if (
@@ -625,16 +686,16 @@ class WorkPullingCore:
     def _absorb(self, worker: _Worker, inner: list[Effect], effects: list[Effect]) -> None:
         """Carry over the effects of ``worker``'s producer core: what it tells its producer
         (demand) and its confirmation replies are for this core; its timers get the
-        worker's prefix; the rest (sends to the worker) goes to the shell as it is."""
-        confirmed = 0
+        worker's prefix; the rest (sends to the worker) goes to the shell as it is.
+        Confirmations are read from the core's ``confirmed_seq_nr``, which every `Request`
+        and `Ack` of the worker moves, acknowledged messages or not."""
         for effect in inner:
             kind = type(effect)
             if kind is Send:
                 assert isinstance(effect, Send)
-                if effect.to is worker.confirmed_to:
-                    confirmed = max(confirmed, effect.message)
-                elif effect.to is not worker.demand_to:  # demand is read from the core
-                    effects.append(effect)
+                to = effect.to
+                if to is not worker.confirmed_to and to is not worker.demand_to:
+                    effects.append(effect)  # demand and confirmations are read from the core
             elif kind is StartTimer:
                 assert isinstance(effect, StartTimer)
                 effects.append(StartTimer(worker.timer_key(effect.key), effect.interval))
@@ -643,8 +704,9 @@ class WorkPullingCore:
                 effects.append(CancelTimer(worker.timer_key(effect.key)))
             else:
                 effects.append(effect)
-        if confirmed:
-            self._on_confirmed(worker, confirmed, effects)
+        sent = worker.sent
+        if sent and sent[0].out_seq_nr <= worker.core.confirmed_seq_nr:
+            self._on_confirmed(worker, worker.core.confirmed_seq_nr, effects)
 
     def _on_confirmed(self, worker: _Worker, out_seq_nr: int, effects: list[Effect]) -> None:
         """Akka's ``onAck``: ``worker`` confirmed its messages up to ``out_seq_nr``."""
