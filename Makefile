@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/p2p_local.py
 	$(BIN)/python bench/p2p_grpc.py
 	$(BIN)/python bench/coordinator.py
+	$(BIN)/python bench/durable.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
