@@ -9,6 +9,8 @@ from typing import Any
 
 from pykka_delivery.actors._shell import DurableQueueCalls
 from pykka_delivery.actors.consumer_core import ConsumerCore
+from pykka_delivery.actors.dead_letters import DeadLetterError
+from pykka_delivery.actors.dedup import DedupWriter
 from pykka_delivery.actors.durable_queue import (
     DurableProducerQueue,
     DurableProducerState,
@@ -134,11 +136,22 @@ class DeliveryFeed:
     _outstanding: Delivery | None
     _closed: bool
     _run: Callable[[list[Effect]], None]  # each handle carries out effects its own way
+    _dead_letter_error: DeadLetterError | None  # closed because a dead letter failed
+    _dedup: DedupWriter | None
 
     def _check_open(self) -> None:
-        if self._closed:
-            msg = "Consumer is closed"
-            raise ClosedError(msg)
+        if not self._closed:
+            return
+        if self._dead_letter_error is not None:
+            error: Exception = self._dead_letter_error
+            msg = f"Consumer was closed because a dead letter could not be written: {error}"
+            raise ClosedError(msg) from error
+        broken = None if self._dedup is None else self._dedup.broken
+        if broken is not None:
+            msg = f"Consumer was closed because its deduplication store failed: {broken}"
+            raise ClosedError(msg) from broken
+        msg = "Consumer is closed"
+        raise ClosedError(msg)
 
     def _check_can_receive(self) -> None:
         self._check_open()

@@ -346,28 +346,22 @@ class Consumer(DeliveryFeed):
 
     # --- internals (call with the lock held) ------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed and self._dead_letter_error is not None:
-            error = self._dead_letter_error
-            msg = f"Consumer was closed because a dead letter could not be written: {error}"
-            raise ClosedError(msg) from error
-        broken = None if self._dedup is None else self._dedup.broken
-        if self._closed and broken is not None:
-            msg = f"Consumer was closed because its deduplication store failed: {broken}"
-            raise ClosedError(msg) from broken
-        super()._check_open()
-
     def _dedup_call(self, call: Callable[..., None], *args: Any) -> None:
-        """Call the deduplication store; if it gives up, close this handle at once (the
-        outbox is dropped: nothing unflushed reaches the producer side) and raise."""
+        """Call the deduplication store; if it gives up, close this handle at once and
+        raise."""
         try:
             call(*args)
         except DedupStoreError:
-            self._closed = True
-            self._outbox = []
-            self._timers.cancel_all()
-            self._arrived.notify_all()
+            self._break()
             raise
+
+    def _break(self) -> None:
+        """Close at once because a store failed: the outbox is dropped (nothing unflushed
+        or unwritten reaches the producer side), a waiting reader wakes to `ClosedError`."""
+        self._closed = True
+        self._outbox = []
+        self._timers.cancel_all()
+        self._arrived.notify_all()
 
     def _wait(self, deadline: float | None, timeout: float | None) -> None:
         """Wait for the inbox to fill. Announce the wait first, then look once more: a
@@ -467,10 +461,7 @@ class Consumer(DeliveryFeed):
             write_dead_letter(self._dead_letters, effect)
         except DeadLetterError as error:
             self._dead_letter_error = error
-            self._closed = True
-            self._outbox = []
-            self._timers.cancel_all()
-            self._arrived.notify_all()
+            self._break()
             raise
 
 
