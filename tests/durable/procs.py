@@ -108,9 +108,14 @@ def consume(args: argparse.Namespace) -> int:
                 flow_control_window=args.window,
                 resend_interval_min=args.resend_interval,
                 resend_interval_max=max(args.resend_interval, 30.0),
+                max_attempts=args.max_attempts,
+                redelivery_backoff=0.01,
             )
             consumer = Consumer(
-                settings, self_ref_factory=node.expose(args.name), dedup_store=store
+                settings,
+                self_ref_factory=node.expose(args.name),
+                dedup_store=store,
+                dead_letters=args.dead_letters,
             )
             _emit(ready=True, address=f"{node.address}/{args.name}")
             received = timeouts = mismatches = 0
@@ -126,6 +131,11 @@ def consume(args: argparse.Namespace) -> int:
                     continue
                 number = int.from_bytes(delivery.message[:NUMBER_BYTES], "big")
                 mismatches += number != delivery.seq_nr
+                if args.poison_every and number % args.poison_every == 0:
+                    delivery.reject(f"poison {number}")  # every attempt fails
+                    if number >= args.count and delivery.attempt >= args.max_attempts:
+                        break
+                    continue
                 os.write(fd, b"%d\n" % number)  # recorded before it is confirmed
                 delivery.confirm()
                 received += 1
@@ -175,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_argument("--throttle", type=float, default=0.0, help="most messages/s (0: no limit)")
     sub.add_argument("--receive-timeout", type=float, default=30.0)
     sub.add_argument("--max-timeouts", type=int, default=1, help="stop after this many")
+    sub.add_argument("--poison-every", type=int, default=0, help="reject multiples of this")
+    sub.add_argument("--max-attempts", type=int, default=3)
+    sub.add_argument("--dead-letters", default=None, help="SqliteDeadLetters file")
     sub.set_defaults(run=consume)
 
     args = parser.parse_args(argv)

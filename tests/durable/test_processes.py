@@ -43,6 +43,7 @@ from typing import Any
 
 import pytest
 
+from pykka_delivery.actors.dead_letters import SqliteDeadLetters
 from tests.transport import test_processes as transport_processes
 from tests.transport.procs import Proc
 
@@ -311,3 +312,39 @@ def test_durable_producer_killed_repeatedly_without_dedup_store_at_least_once_in
     print(f"  {len(runs)} runs, {duplicates} duplicates")
     assert duplicates > 0, f"seed {seed}: no producer resent anything already processed"
     assert runs[-1][1] == COUNT
+
+
+def test_poison_messages_land_in_the_dead_letter_store_after_max_attempts(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """A consumer process rejects every multiple of 100 each time it is delivered: after
+    ``max_attempts`` (3) deliveries each goes to the consumer's SQLite dead letters, the
+    stream moves on, and the durable producer sees every message confirmed."""
+    count, poison_every = 2_000, 100
+    deadline = time.monotonic() + BOUND
+    log, dead = tmp_path / "received.txt", tmp_path / "dead.db"
+    consume = ["consume", "--file", str(log), "--count", str(count), "--window", "50"]
+    consume += ["--poison-every", str(poison_every), "--max-attempts", "3"]
+    consume += ["--dead-letters", str(dead), "--receive-timeout", "20"]
+    consumer = spawn("consumer", *PROCS, *consume)
+    produce = ["produce", "--db", str(tmp_path / "queue.db"), "--consumer", consumer.ready()]
+    producer = spawn("producer", *PROCS, *produce, "--count", str(count), "--batch", "50")
+    producer.ready()
+
+    summary = consumer.expect(
+        lambda line: "received" in line and "timeout" not in line, deadline - time.monotonic()
+    )
+    assert consumer.wait(max(1.0, deadline - time.monotonic())) == 0, consumer.output()
+    producer.expect(lambda line: "done" in line, deadline - time.monotonic())
+
+    poison = [n for n in range(1, count + 1) if n % poison_every == 0]
+    assert numbers_in(log) == [n for n in range(1, count + 1) if n % poison_every], (
+        "every other message once, in order"
+    )
+    with SqliteDeadLetters(dead) as letters:
+        stored = [s.letter for s in letters.letters()]
+    assert [int.from_bytes(d.message[:8], "big") for d in stored] == poison
+    assert {(d.attempts, d.reason.split()[0]) for d in stored} == {(3, "poison")}
+    assert [d.seq_nr for d in stored] == poison
+    stats = summary["stats"]
+    assert (stats["dead_lettered"], stats["rejected"]) == (len(poison), 3 * len(poison))
