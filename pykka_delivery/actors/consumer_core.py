@@ -735,7 +735,14 @@ class ConsumerCore:
 
     def _resending(self, msg: SequencedMessage, effects: list[Effect]) -> None:
         seq_nr = msg.seq_nr
-        if msg.producer_controller != self.producer_controller or self.received_seq_nr == 0:
+        if (
+            msg.producer_controller != self.producer_controller
+            or self.received_seq_nr == 0
+            # The producer marks first a head past the seq_nrs we asked for: another
+            # consumer confirmed them (its late Ack after our registration), so they are
+            # gone. Start the session again there, as with a new producer controller.
+            or (msg.first and seq_nr > self.received_seq_nr + 1)
+        ):
             self._changed_producer(msg, effects)
         elif self.registering is not None:
             self._dropped += 1

@@ -539,8 +539,12 @@ class ProducerCore:
         """The consumer side saw a gap: resend everything unconfirmed from ``from_seq_nr``."""
         self._resend_requests += 1
         unconfirmed = self.unconfirmed
-        if from_seq_nr == 0 and unconfirmed:
+        if unconfirmed and from_seq_nr < unconfirmed[0].seq_nr:
             # P2: mark the head first *before* resending, so a fresh consumer accepts it now.
+            # Also when the consumer asks for seq_nrs confirmed already: confirmed by the
+            # consumer before it, whose last Ack arrived after this one registered (a
+            # hand-over). They cannot be resent; the consumer restarts its session at the
+            # head, which it accepts as first (consumer_core, `_resending`).
             unconfirmed[0] = unconfirmed[0].as_first()
         effects: list[Effect] = []
         self._resend([m for m in unconfirmed if m.seq_nr >= from_seq_nr], effects)

@@ -207,6 +207,20 @@ class Producer:
         self._after_release()
         return seq_nr
 
+    def wait_for_demand(self, timeout: float | None = None) -> None:
+        """Block until the consumer has room for one more message, sending nothing. Until
+        this producer sends, the demand stays: a `send_nowait` from the only sending
+        thread then succeeds (what lets a sender check several producers before it sends
+        to any).
+
+        Raises:
+            DeliveryTimeout: no demand within ``timeout`` seconds.
+            ClosedError: the producer was closed.
+        """
+        with self._lock:
+            self._wait_for(self._has_demand, timeout, "demand to send")
+        self._after_release()
+
     def send_and_confirm(self, message: Any, timeout: float | None = None) -> int:
         """Send ``message`` and wait until the consumer confirmed it; returns its seq_nr.
         With a durable queue, as in Akka, it returns once the message is stored instead.

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.actors.consumer_handle import Consumer
+from pykka_delivery.actors.dedup import DedupStore, DedupStoreError
 from pykka_delivery.actors.messages import Delivery, Ref
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import TimerService
@@ -117,6 +118,12 @@ class CoordinatedConsumer:
         self_ref_factory: instead of ``node``, builds each `Consumer`'s ref (called once
             per activation).
         timeout: bound on the registration.
+        dedup_store: called at each activation for the deduplication store of the
+            `Consumer` it creates (``Consumer(dedup_store=...)``); the store is closed when
+            that activation ends, before the step-down is answered, so the group's next
+            consumer (in this process or another) can open it. None: no deduplication.
+            A store that fails to open makes `receive` raise its error (the next
+            `receive` tries again).
 
     Raises:
         ValueError: both ``node`` and ``self_ref_factory``, or a bad group name.
@@ -141,6 +148,7 @@ class CoordinatedConsumer:
         node: Node | None = None,
         self_ref_factory: Callable[[Ref], Ref] | None = None,
         timeout: float | None = None,
+        dedup_store: Callable[[], DedupStore] | None = None,
     ) -> None:
         if node is not None and self_ref_factory is not None:
             msg = "CoordinatedConsumer: give node or self_ref_factory, not both"
@@ -158,6 +166,8 @@ class CoordinatedConsumer:
         self._settings = settings
         self._node = node
         self._self_ref_factory = self_ref_factory
+        self._dedup_factory = dedup_store
+        self._dedup: DedupStore | None = None  # the current activation's store
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._told_active = False  # the coordinator's last word, while connected
@@ -329,7 +339,16 @@ class CoordinatedConsumer:
                 f"sac-{self._client.connection_id}-{self.subscription_id}-{len(self._intervals)}"
             )
             factory = self._node.expose(self._exposed)
-        consumer = Consumer(self._settings, self_ref_factory=factory, **self._consumer_args)
+        dedup = None
+        try:
+            dedup = None if self._dedup_factory is None else self._dedup_factory()
+            consumer = Consumer(
+                self._settings, self_ref_factory=factory, dedup_store=dedup, **self._consumer_args
+            )
+        except BaseException:
+            self._release_activation(dedup)
+            raise
+        self._dedup = dedup
         self._consumer = consumer
         self._intervals.append(ActivationInterval(time.monotonic()))
         logger.info("Subscription %d active in %s: consuming", self.subscription_id, self.group)
@@ -341,10 +360,12 @@ class CoordinatedConsumer:
         consumer = self._consumer
         assert consumer is not None
         self._consumer = None
-        consumer.close()
-        if self._node is not None and self._exposed is not None:
-            self._node.unregister(self._exposed)
-            self._exposed = None
+        try:
+            consumer.close()
+        except DedupStoreError as error:  # logged; the next consumer may see duplicates
+            logger.warning("Subscription %d in %s: %s", self.subscription_id, self.group, error)
+        dedup, self._dedup = self._dedup, None
+        self._release_activation(dedup)
         self._intervals[-1] = dataclasses.replace(self._intervals[-1], end=time.monotonic())
         waiters, self._stop_waiters = self._stop_waiters, []
         for waiter in waiters:
@@ -352,6 +373,23 @@ class CoordinatedConsumer:
                 waiter.set_result(None)
         self._changed.notify_all()
         logger.info("Subscription %d in %s stopped (%s)", self.subscription_id, self.group, why)
+
+    def _release_activation(self, dedup: DedupStore | None) -> None:
+        """With the lock held: withdraw the activation's name from the node and close its
+        deduplication store (before any answer to a step-down: the next consumer opens it)."""
+        if self._node is not None and self._exposed is not None:
+            self._node.unregister(self._exposed)
+            self._exposed = None
+        if dedup is not None:
+            try:
+                dedup.close()
+            except (DedupStoreError, ClosedError) as error:
+                logger.warning(
+                    "Subscription %d in %s: closing its deduplication store failed: %s",
+                    self.subscription_id,
+                    self.group,
+                    error,
+                )
 
     def _stop_if_idle(self, why: str) -> bool:
         """With the lock held, after the coordinator withdrew its ``active``: stop now

@@ -4,8 +4,13 @@
 (`partition_for_key`, the same in every process), an unkeyed one round robin
 (`Spreader`); a `Router` does both for one producer. `config` declares streams, their
 partition counts and the consumer groups that follow them, in a start-up TOML file
-(`load_config`), and refuses a shrinking partition count (`check_growth`). See
-docs/partitions.md.
+(`load_config`), and refuses a shrinking partition count (`check_growth`).
+
+`producer` sends a stream's messages: a `PartitionedProducer` routes each by key and
+hands it to one `Producer` per (group, partition), wrapped with its key (`envelope`).
+`group` consumes them: a `GroupMember` registers every partition of the stream in the
+coordinator as a partitioned single-active-consumer group, consumes the partitions it is
+given and calls a handler with each `GroupDelivery`. See docs/partitions.md.
 """
 
 from pykka_delivery.partitions.config import (
@@ -21,6 +26,21 @@ from pykka_delivery.partitions.config import (
     dump_config,
     load_config,
 )
+from pykka_delivery.partitions.envelope import KEYED_MESSAGE_NAME, Key, KeyedMessage
+from pykka_delivery.partitions.group import (
+    DEFAULT_NAMESPACE,
+    GroupDelivery,
+    GroupMember,
+    GroupMemberSettings,
+    GroupMemberStats,
+)
+from pykka_delivery.partitions.producer import (
+    PartitionedProducer,
+    PartitionedProducerSettings,
+    PartitionedProducerStats,
+    partition_stream,
+    producer_id,
+)
 from pykka_delivery.partitions.routing import (
     Router,
     Spreader,
@@ -31,9 +51,20 @@ from pykka_delivery.partitions.routing import (
 
 __all__ = [
     "DEFAULT_MAX_PARTITIONS",
+    "DEFAULT_NAMESPACE",
+    "KEYED_MESSAGE_NAME",
     "ConfigError",
     "ConfigProblem",
     "GroupConfig",
+    "GroupDelivery",
+    "GroupMember",
+    "GroupMemberSettings",
+    "GroupMemberStats",
+    "Key",
+    "KeyedMessage",
+    "PartitionedProducer",
+    "PartitionedProducerSettings",
+    "PartitionedProducerStats",
     "PartitionsConfig",
     "PartitionsSettings",
     "Router",
@@ -45,5 +76,7 @@ __all__ = [
     "kept_fraction",
     "load_config",
     "partition_for_key",
+    "partition_stream",
+    "producer_id",
     "stable_hash",
 ]

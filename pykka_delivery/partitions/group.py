@@ -1,0 +1,568 @@
+"""`GroupMember`: one process's membership in a consumer group of a partitioned stream.
+
+Theory of operation:
+
+* Every member of group g registers, through its process's `CoordinatorClient`, one
+  subscription per partition p of the stream: a partitioned single-active-consumer group
+  with key ``GroupId(namespace, "<stream>-<p>", g)`` and partition index p (a super
+  stream's partition, as RabbitMQ models it). The coordinator makes
+  ``eligible[p % len(eligible)]`` active in each, the eligible members in the order they
+  registered, so N members share the partitions evenly when they joined one after the
+  other.
+* A join or a leave changes ``len(eligible)``: each partition whose chosen member changes
+  is handed over by a step-down (the old member finishes its delivery in flight, stops,
+  answers, and only then the new one starts); the partitions whose chosen member stays
+  keep flowing. Doubling or halving the members moves only the partitions that must
+  move (1 -> 2 members: the odd ones; 2 -> 4: p % 4 in {2, 3}); other counts may move
+  more than the least possible, as the modulo rule decides.
+* Per partition a `CoordinatedConsumer` consumes, only while active, group g's stream of
+  that partition from the stream's `PartitionedProducer` (registering to it at each
+  activation, so the producer resends from the first message nobody confirmed).
+* Delivery to the application: a handler callback. One thread per partition takes the
+  partition's deliveries one at a time and calls ``handler(GroupDelivery)`` (partition,
+  key, message, producer id, seq_nr); when it returns, the delivery is confirmed. So a
+  partition's messages are handled in order, one at a time, and different partitions'
+  concurrently (one thread each). A handler that raises is logged and called again with
+  the same delivery after a backoff (``retry_backoff_min`` doubling up to
+  ``retry_backoff_max``): nothing is skipped, so a message that always fails holds its
+  partition (and its hand-over, which waits for the delivery in flight) until the
+  handler copes with it.
+* `close` leaves gracefully: no new delivery is handled, the handler calls in progress
+  get ``close_grace`` seconds to finish (and be confirmed), then every subscription is
+  unregistered, which hands each partition to the next member at once. A delivery taken
+  but not handled, or still in the handler past the grace, stays unconfirmed with the
+  producer, for the next member.
+* Exactly-once effect across hand-overs, optional: with a deduplication store each
+  activation of partition p opens the store for consumer id ``producer_id(stream, p, g)``
+  (its position per producer id is the group's progress on that partition), skips what
+  was confirmed before (a message at or below the stored position is confirmed without
+  being delivered, so a lower confirmation never moves the position back), records each
+  confirmation, and closes the store before it answers a step-down, so the next member
+  opens it. One consumer id per (group, partition), not per group: a store holds its
+  consumer id against every other opener (docs/durable.md), and a member may hold
+  several partitions while other members hold the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pykka_delivery.actors.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
+from pykka_delivery.actors.messages import Delivery, Ref
+from pykka_delivery.actors.settings import ConsumerControllerSettings
+from pykka_delivery.actors.timers import TimerService
+from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
+from pykka_delivery.coordinator.coordinated_consumer import (
+    ActivationInterval,
+    CoordinatedConsumer,
+)
+from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
+from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
+from pykka_delivery.partitions.envelope import Key, unwrap
+from pykka_delivery.partitions.producer import partition_stream, producer_id
+from pykka_delivery.protocol.serialization import Serialization
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "GroupDelivery",
+    "GroupMember",
+    "GroupMemberSettings",
+    "GroupMemberStats",
+]
+
+logger = logging.getLogger("pykka_delivery.partitions")
+
+DEFAULT_NAMESPACE = "default"
+"""The coordinator namespace of a `GroupMember` not given one."""
+
+DedupSource = str | os.PathLike[str] | Callable[[int], DedupStore]
+"""An SQLite file shared by the group's members, or a factory: partition -> a new store."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDelivery:
+    """One message of a partitioned stream, handed to a group member's handler.
+
+    Attributes:
+        stream: the stream's name.
+        partition: the partition it came from.
+        group: the consumer group.
+        key: its key as sent (bytes or str), or None for an unkeyed message.
+        message: the message.
+        producer_id: the stream of (group, partition) it belongs to,
+            ``producer_id(stream, partition, group)``.
+        seq_nr: its number in that stream (consecutive, from 1).
+    """
+
+    stream: str
+    partition: int
+    group: str
+    key: Key
+    message: Any
+    producer_id: str
+    seq_nr: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberSettings:
+    """Settings of a `GroupMember`. Durations are seconds.
+
+    Attributes:
+        consumer: the settings of each partition's consumer (window, retries, dedup
+            store retries); None (the default): `ConsumerControllerSettings` defaults.
+        close_grace: how long `close` lets the handler calls in progress finish before it
+            leaves the group (Runnel's grace period). Default 10; 0 to 3600.
+        retry_backoff_min: the wait before a failed handler is called again with the same
+            delivery; doubled after each further failure. Default 0.1; above 0.
+        retry_backoff_max: the longest wait between two calls. Default 5; at least
+            ``retry_backoff_min``, at most 3600.
+        registration_timeout: how long the registration of each partition may wait for
+            the coordinator's answer. Default 30; above 0, at most 3600.
+        close_timeout: how long `close` waits, after leaving the group, for each
+            partition's thread to end (a handler still running past ``close_grace`` is
+            not waited for longer). Default 10; 0 to 3600.
+        dedup: the settings of the `SqliteDedupStore` opened per activation when the
+            store is given as a path; None (the default): `SqliteDedupSettings` defaults.
+    """
+
+    consumer: ConsumerControllerSettings | None = None
+    close_grace: float = 10.0
+    retry_backoff_min: float = 0.1
+    retry_backoff_max: float = 5.0
+    registration_timeout: float = 30.0
+    close_timeout: float = 10.0
+    dedup: SqliteDedupSettings | None = None
+
+    def __post_init__(self) -> None:
+        for name, low, strict in (
+            ("close_grace", 0.0, False),
+            ("retry_backoff_min", 0.0, True),
+            ("retry_backoff_max", self.retry_backoff_min, False),
+            ("registration_timeout", 0.0, True),
+            ("close_timeout", 0.0, False),
+        ):
+            value = getattr(self, name)
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (value > low if strict else value >= low)
+                and value <= 3600
+            )
+            if not ok:
+                bound = "above" if strict else "at least"
+                msg = (
+                    f"GroupMemberSettings.{name} must be a number of seconds {bound} {low} "
+                    f"and at most 3600, got {value!r}"
+                )
+                raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberStats:
+    """Counters of a `GroupMember`, as a frozen snapshot.
+
+    Attributes:
+        handled: per partition, deliveries handled and confirmed by this member.
+        handler_failures: handler calls that raised (each retried).
+        activations: per partition, how many times this member became its consumer.
+        owned: the partitions this member consumes now.
+    """
+
+    handled: tuple[int, ...]
+    handler_failures: int
+    activations: tuple[int, ...]
+    owned: frozenset[int]
+
+
+class GroupMember:
+    """This process's member of consumer group ``group`` on a partitioned stream.
+
+    ::
+
+        def handle(delivery: GroupDelivery) -> None:
+            print(delivery.partition, delivery.key, delivery.message)
+
+        member = GroupMember(
+            client, "orders", 8, "billing", producer=producer_address, handler=handle, node=node
+        )
+        ...
+        member.close()  # lets the handlers finish, then hands the partitions over
+
+    Args:
+        client: the process's connection to the coordinator (several members may share
+            it; the caller closes it after them).
+        stream: the stream's name.
+        partitions: its partition count.
+        group: the consumer group's name.
+        producer: where the stream's `PartitionedProducer` is: the ``host:port`` of its
+            transport node (then ``node`` is required), or a function from a partition to
+            the ref of group ``group``'s producer of it (``partitioned.ref(group, p)``
+            in one process).
+        handler: called with each `GroupDelivery`, on the partition's thread; the
+            delivery is confirmed when it returns. Handlers of different partitions run
+            at the same time.
+        node: the transport node each partition's consumer is exposed on at each
+            activation, so that a producer in another process reaches it.
+        namespace: the coordinator namespace of the group. Default `DEFAULT_NAMESPACE`.
+        settings: see `GroupMemberSettings`.
+        dedup_store: turns on deduplication across hand-overs: the path of an SQLite
+            file shared by the group's members (a `SqliteDedupStore` is opened per
+            activation, consumer id ``producer_id(stream, p, group)``), or a function from
+            a partition to a new store for one activation (closed when it ends). None:
+            none; a partition handed over after its Ack was lost, or taken from a killed
+            member, may deliver again what was handled.
+        serialization: reads the messages (inside their `KeyedMessage`); default
+            `default_serialization`.
+        timer_service: for the consumers' timers; default the process-wide one.
+
+    Raises:
+        ValueError: a bad name or partition count, or a str ``producer`` without ``node``.
+        CoordinatorRefused, ConnectionRejected, DeliveryTimeout, ClosedError: a
+            registration failed (those made are unregistered again).
+    """
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        stream: str,
+        partitions: int,
+        group: str,
+        *,
+        producer: str | Callable[[int], Ref],
+        handler: Callable[[GroupDelivery], None],
+        node: Node | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        settings: GroupMemberSettings | None = None,
+        dedup_store: DedupSource | None = None,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+    ) -> None:
+        StreamConfig(stream, partitions)
+        GroupConfig(group, (stream,))
+        if isinstance(producer, str) and node is None:
+            msg = (
+                f"GroupMember of {group!r}: producer {producer!r} is a node address, so give "
+                f"node= (this process's transport node) to reach it"
+            )
+            raise ValueError(msg)
+        self.settings = settings = settings or GroupMemberSettings()
+        self.stream, self.partitions, self.group, self.namespace = (
+            stream,
+            partitions,
+            group,
+            namespace,
+        )
+        self._handler = handler
+        self._serialization = serialization
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._busy: set[int] = set()  # partitions inside the handler (or confirming)
+        self._stopping = threading.Event()
+        self._closed = False
+        self._handled = [0] * partitions
+        self._failures = 0
+        self.errors: list[BaseException] = []
+        """What stopped a partition's consumer (a refusal, a failing store), oldest first."""
+
+        def join(partition: int) -> CoordinatedConsumer:
+            return CoordinatedConsumer(
+                client,
+                namespace,
+                partition_stream(stream, partition),
+                group,
+                self._producer_ref(producer, partition, node),
+                partition_index=partition,
+                settings=settings.consumer,
+                serialization=serialization,
+                timer_service=timer_service,
+                node=node,
+                timeout=settings.registration_timeout,
+                dedup_store=self._dedup_factory(dedup_store, partition),
+            )
+
+        self._join = join
+        self._consumers: list[CoordinatedConsumer] = []
+        # Consumers a partition had before it re-joined (their intervals still count).
+        self._retired: list[list[CoordinatedConsumer]] = [[] for _ in range(partitions)]
+        try:
+            for partition in range(partitions):
+                self._consumers.append(join(partition))
+        except BaseException:
+            for consumer in self._consumers:
+                with contextlib.suppress(DeliveryError):
+                    consumer.close(timeout=settings.registration_timeout)
+            raise
+        self._threads = [
+            threading.Thread(
+                target=self._consume,
+                args=(partition,),
+                name=f"group-{group}-{partition_stream(stream, partition)}",
+                daemon=True,
+            )
+            for partition in range(partitions)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PartitionsConfig,
+        stream: str,
+        group: str,
+        client: CoordinatorClient,
+        *,
+        producer: str | Callable[[int], Ref],
+        handler: Callable[[GroupDelivery], None],
+        **kwargs: Any,
+    ) -> GroupMember:
+        """A member of ``group`` on ``stream`` as ``config`` declares them (the partition
+        count); ``kwargs`` as for the constructor.
+
+        Raises:
+            KeyError: ``config`` declares no such stream.
+            ValueError: ``config`` declares no such group, or the group does not follow
+                the stream.
+        """
+        declared = config.stream(stream)
+        following = [g.name for g in config.groups_following(stream)]
+        if group not in following:
+            msg = (
+                f"group {group!r} does not follow stream {stream!r} in the config "
+                f"(groups following it: {following}); add {stream!r} to its streams"
+            )
+            raise ValueError(msg)
+        return cls(
+            client,
+            stream,
+            declared.partitions,
+            group,
+            producer=producer,
+            handler=handler,
+            **kwargs,
+        )
+
+    # --- state --------------------------------------------------------------------------
+
+    def owned(self) -> frozenset[int]:
+        """The partitions this member consumes now."""
+        return frozenset(p for p, c in enumerate(self._consumers) if c.is_consuming)
+
+    def intervals(self) -> dict[int, tuple[ActivationInterval, ...]]:
+        """Per partition, every period this member consumed it (`time.monotonic`)."""
+        return {
+            p: tuple(i for c in (*self._retired[p], current) for i in c.intervals())
+            for p, current in enumerate(self._consumers)
+        }
+
+    def statistics(self) -> GroupMemberStats:
+        with self._lock:
+            handled, failures = tuple(self._handled), self._failures
+        return GroupMemberStats(
+            handled,
+            failures,
+            tuple(len(spans) for spans in self.intervals().values()),
+            self.owned(),
+        )
+
+    # --- leaving --------------------------------------------------------------------------
+
+    def close(self, grace: float | None = None) -> None:
+        """Leave the group gracefully: handle no new delivery, give the handler calls in
+        progress ``grace`` seconds (default ``settings.close_grace``) to finish and be
+        confirmed, then unregister every partition (each goes to the next member at
+        once). Idempotent; may be called from a handler (which it then does not wait
+        for)."""
+        grace = self.settings.close_grace if grace is None else grace
+        current = threading.current_thread()
+        own = {p for p, thread in enumerate(self._threads) if thread is current}
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping.set()
+            if not self._idle.wait_for(lambda: self._busy <= own, grace):
+                logger.warning(
+                    "GroupMember %r of %r: the handler still runs on partition(s) %s after "
+                    "the %.1f s grace; their deliveries stay unconfirmed, for the next member",
+                    self.group,
+                    self.stream,
+                    sorted(self._busy - own),
+                    grace,
+                )
+            late = set(self._busy)  # not waited for any longer
+        for consumer in self._consumers:
+            consumer.close(timeout=self.settings.registration_timeout)
+        deadline = time.monotonic() + self.settings.close_timeout
+        for partition, thread in enumerate(self._threads):
+            if partition not in late:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        logger.info("GroupMember %r of %r left its partitions", self.group, self.stream)
+
+    def __enter__(self) -> GroupMember:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _producer_ref(
+        self, producer: str | Callable[[int], Ref], partition: int, node: Node | None
+    ) -> Ref:
+        if not isinstance(producer, str):
+            return producer(partition)
+        assert node is not None
+        return node.ref(f"{producer}/{producer_id(self.stream, partition, self.group)}")
+
+    def _dedup_factory(
+        self, source: DedupSource | None, partition: int
+    ) -> Callable[[], DedupStore] | None:
+        if source is None:
+            return None
+        if callable(source):
+            return lambda: source(partition)
+        consumer_id = producer_id(self.stream, partition, self.group)
+        settings = self.settings.dedup
+        return lambda: SqliteDedupStore(source, consumer_id, settings)
+
+    def _consume(self, partition: int) -> None:
+        """A partition's thread: its deliveries, one at a time, while this member is its
+        active consumer (it waits in between). A consumer that fails (its deduplication
+        store) leaves the partition's group and joins it again after a backoff."""
+        delay = self.settings.retry_backoff_min
+        while True:
+            consumer = self._consumers[partition]
+            try:
+                delivery = consumer.receive()
+            except ClosedError:
+                return
+            except CoordinatorRefused as error:
+                # Logged by the client: the coordinator lost this subscription, and the
+                # group now has another partition index. Joining again would be refused.
+                self.errors.append(error)
+                return
+            except DeliveryError as error:
+                # Its deduplication store failed to open: the next receive tries again.
+                if not self._back_off(partition, "opening its deduplication store", error, delay):
+                    return
+                delay = min(delay * 2, self.settings.retry_backoff_max)
+                continue
+            delay = self.settings.retry_backoff_min
+            with self._lock:
+                if self._stopping.is_set():
+                    return  # leaving: unconfirmed, so the next member gets it
+                self._busy.add(partition)
+            try:
+                handled = self._handle(partition, delivery)
+            except DeliveryError as error:  # confirming failed: the store gave up
+                handled = self._rejoin(partition, error)
+            finally:
+                with self._lock:
+                    self._busy.discard(partition)
+                    self._idle.notify_all()
+            if not handled:
+                return
+
+    def _back_off(self, partition: int, doing: str, error: BaseException, delay: float) -> bool:
+        """Log a failure, count it and wait ``delay``; False if this member closed."""
+        with self._lock:
+            self._failures += 1
+        logger.warning(
+            "GroupMember %r of %r: partition %d failed %s (%s); trying again in %.3g s",
+            self.group,
+            self.stream,
+            partition,
+            doing,
+            error,
+            delay,
+        )
+        return not self._stopping.wait(delay)
+
+    def _rejoin(self, partition: int, error: BaseException) -> bool:
+        """The partition's consumer failed for good (its delivery in flight stays
+        unconfirmed): leave the partition's group, so another member can take it over,
+        and join again at the back. False if this member closed meanwhile."""
+        self.errors.append(error)
+        old = self._consumers[partition]
+        with contextlib.suppress(DeliveryError):
+            old.close(timeout=self.settings.registration_timeout)
+        delay = self.settings.retry_backoff_min
+        while self._back_off(partition, "confirming, so it joins again", error, delay):
+            try:
+                new = self._join(partition)
+            except DeliveryError as failure:
+                error = failure
+                delay = min(delay * 2, self.settings.retry_backoff_max)
+                continue
+            with self._lock:
+                self._retired[partition].append(old)
+                self._consumers[partition] = new
+                if not self._stopping.is_set():
+                    return True
+            new.close(timeout=self.settings.registration_timeout)  # closed meanwhile
+            return False
+        return False
+
+    def _handle(self, partition: int, delivery: Delivery) -> bool:
+        """Call the handler until it returns, then confirm; False if this member closed
+        meanwhile (the delivery stays unconfirmed)."""
+        delay = self.settings.retry_backoff_min
+        while True:
+            try:
+                key, message = unwrap(delivery.message, self._serialization)
+                self._handler(
+                    GroupDelivery(
+                        self.stream,
+                        partition,
+                        self.group,
+                        key,
+                        message,
+                        delivery.producer_id,
+                        delivery.seq_nr,
+                    )
+                )
+                break
+            except Exception:
+                with self._lock:
+                    self._failures += 1
+                logger.exception(
+                    "GroupMember %r of %r: the handler failed on partition %d seq_nr %d; "
+                    "calling it again in %.3g s",
+                    self.group,
+                    self.stream,
+                    partition,
+                    delivery.seq_nr,
+                    delay,
+                )
+                if self._stopping.wait(delay):
+                    return False
+                delay = min(delay * 2, self.settings.retry_backoff_max)
+        try:
+            delivery.confirm()
+        except LocalProtocolError:
+            # Closed past the grace: the consumer stopped and the delivery went back.
+            logger.warning(
+                "GroupMember %r of %r: partition %d seq_nr %d was handled after the member "
+                "left; the next member may handle it again",
+                self.group,
+                self.stream,
+                partition,
+                delivery.seq_nr,
+            )
+            return False
+        with self._lock:
+            self._handled[partition] += 1
+        return True

@@ -1,0 +1,400 @@
+"""`PartitionedProducer`: one producer of a partitioned stream, for every group following it.
+
+Theory of operation:
+
+* A stream of N partitions is N independent ordered streams. Each consumer group that
+  follows the stream gets every message, with its own progress, so for every group g and
+  partition p there is one reliable stream: a `Producer` handle with producer id
+  ``producer_id(stream, p, g)`` = ``"<stream>-<p>:<g>"``, exposed on the transport node
+  under that same name. (``"<stream>-<p>"`` is the partition's stream, the coordinator's
+  group key, as RabbitMQ names super stream partitions. A partition number has only
+  digits and names have no ``:``, so distinct (stream, partition, group) never share an
+  id.)
+* `send(message, key)` places the message with the stream's `Router` (a key on the
+  partition of its stable hash, in every process; no key: round robin), wraps it with its
+  key (`KeyedMessage`, so the consumer sees the key) and hands it to every group's
+  producer of that partition.
+* All groups or none: `send` first waits until each of those producers has demand, then
+  sends to each (which cannot block then: one thread at a time sends on a partition). So
+  a `DeliveryTimeout` means that no group got the message, and retrying it duplicates
+  nothing.
+* Flow control: a partition's producer has demand while its group's active consumer has
+  room in its window (`ConsumerControllerSettings.flow_control_window`). The slowest
+  group of a partition, or a group with no active consumer for it, therefore holds `send`
+  for that partition: the producer goes at the pace of its slowest group (as a Kafka
+  producer would not: there the broker stores the messages; here the producer's memory
+  is the buffer, bounded by the windows). Sends to other partitions are not held by it.
+* Consumers find the producer, not the reverse. The active consumer of partition p in
+  group g (a `CoordinatedConsumer`, run by a `GroupMember`) registers itself to
+  ``<node address>/<producer id>``; the producer moves the partition's stream to whoever
+  registered last and resends, from the first message not confirmed, what is unconfirmed.
+  So the producer never asks the coordinator who is active: a hand-over is the next
+  consumer's registration.
+* Per-key order: a key always maps to the same partition (for a given partition count),
+  and each partition is one ordered stream per group; hand-overs resume from the first
+  unconfirmed message, so a key's messages are processed in the order they were sent
+  (some again after a hand-over, never out of order).
+* Durable: given a durable queue (an SQLite file, or a factory), each (group, partition)
+  producer stores its messages there before sending them; a restarted producer resends
+  what no consumer confirmed, with the original seq_nrs (docs/durable.md).
+
+Limits. One `PartitionedProducer` per stream: the producer ids (and the names on the
+node) are the same in every process, so two live producers of one stream would take each
+other's consumers. Several processes producing to one stream need a stream each (or one
+process gathering their messages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue, SqliteQueueSettings
+from pykka_delivery.actors.messages import Ref
+from pykka_delivery.actors.producer_core import ProducerStats
+from pykka_delivery.actors.producer_handle import Producer
+from pykka_delivery.actors.settings import ProducerControllerSettings
+from pykka_delivery.actors.timers import TimerService
+from pykka_delivery.errors import ClosedError, DeliveryTimeout
+from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
+from pykka_delivery.partitions.envelope import Key, wrap
+from pykka_delivery.partitions.routing import Router
+from pykka_delivery.protocol.serialization import Serialization
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = [
+    "PartitionedProducer",
+    "PartitionedProducerSettings",
+    "PartitionedProducerStats",
+    "partition_stream",
+    "producer_id",
+]
+
+logger = logging.getLogger("pykka_delivery.partitions")
+
+DurableQueueSource = str | os.PathLike[str] | Callable[[str], DurableProducerQueue]
+"""An SQLite file for every (group, partition) queue, or a factory: producer id -> queue."""
+
+
+def partition_stream(stream: str, partition: int) -> str:
+    """The stream of one partition, ``"<stream>-<partition>"``: the coordinator's group key
+    for that partition (``GroupId(namespace, partition_stream(...), group)``)."""
+    return f"{stream}-{partition}"
+
+
+def producer_id(stream: str, partition: int, group: str) -> str:
+    """The producer id of group ``group``'s stream of partition ``partition``,
+    ``"<stream>-<partition>:<group>"``; also its name on the producer's transport node
+    and, for a `GroupMember` with a deduplication store, its consumer id there."""
+    return f"{partition_stream(stream, partition)}:{group}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedProducerSettings:
+    """Settings of a `PartitionedProducer`.
+
+    Attributes:
+        producer: the settings of every (group, partition) `Producer`; None (the
+            default): `ProducerControllerSettings` defaults.
+        run_length: unkeyed messages sent to one partition before the round robin moves
+            on (`Spreader`); 1 to 1,000,000. Default 1 (the most even spread).
+        durable_queue: the settings of the `SqliteDurableQueue` opened per (group,
+            partition) when a path is given; None (the default): `SqliteQueueSettings`
+            defaults.
+    """
+
+    producer: ProducerControllerSettings | None = None
+    run_length: int = 1
+    durable_queue: SqliteQueueSettings | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.run_length) is not int or not 1 <= self.run_length <= 1_000_000:
+            msg = (
+                f"PartitionedProducerSettings.run_length must be a whole number from 1 to "
+                f"1000000, got {self.run_length!r}"
+            )
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedProducerStats:
+    """Counters of a `PartitionedProducer`, as a frozen snapshot.
+
+    Attributes:
+        sent: messages accepted per partition (each went to every group).
+        producers: each (group, partition) producer's counters, keyed by its producer id.
+    """
+
+    sent: tuple[int, ...]
+    producers: dict[str, ProducerStats]
+
+
+class PartitionedProducer:
+    """Sends one stream's messages, partitioned by key, to every group that follows it.
+
+    ::
+
+        producer = PartitionedProducer("orders", 8, ["billing", "audit"], node=node)
+        producer.send({"order": 42}, key="customer-7")  # returns the partition, here 3
+
+    Args:
+        stream: the stream's name (letters, digits, ``.``, ``_`` and ``-``).
+        partitions: its partition count, 1 or more.
+        groups: the consumer groups that follow it (at least one, each once).
+        node: the transport node on which each (group, partition) producer is exposed
+            under its producer id, for consumers in other processes. None: the producers
+            are reached in this process only, through `ref`.
+        settings: see `PartitionedProducerSettings`.
+        durable_queue: a path: one SQLite file holding every (group, partition) queue
+            (producer ids keep them apart), opened here and closed by `close`; or a
+            factory called with each producer id, whose queues the caller owns. None
+            (the default): no durable queue.
+        serialization: writes each message inside its `KeyedMessage` (and the durable
+            queues' payloads); default `default_serialization`.
+        timer_service: for the producers' timers; default the process-wide one.
+        start: the first partition of the round robin of unkeyed messages; default a
+            random one.
+
+    Raises:
+        ValueError: a bad name, partition count or group list, or ``start`` out of range.
+        DurableQueueError: a durable queue could not be opened or loaded (those opened
+            are closed again).
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        partitions: int,
+        groups: Sequence[str],
+        *,
+        node: Node | None = None,
+        settings: PartitionedProducerSettings | None = None,
+        durable_queue: DurableQueueSource | None = None,
+        serialization: Serialization | None = None,
+        timer_service: TimerService | None = None,
+        start: int | None = None,
+    ) -> None:
+        StreamConfig(stream, partitions)  # checks the name and the count
+        groups = _check_groups(stream, groups)
+        self.settings = settings = settings or PartitionedProducerSettings()
+        self.stream = stream
+        self.partitions = partitions
+        self.groups = groups
+        self._router = Router(partitions, start=start, run_length=settings.run_length)
+        self._serialization = serialization
+        self._node = node
+        self._locks = [threading.Lock() for _ in range(partitions)]
+        self._sent = [0] * partitions
+        self._closed = False
+        self._owned_queues: list[DurableProducerQueue] = []
+        # _producers[p][i]: group groups[i]'s producer of partition p.
+        self._producers: list[list[Producer]] = []
+        try:
+            for partition in range(partitions):
+                row: list[Producer] = []
+                self._producers.append(row)  # closed with the others if one fails
+                for group in groups:
+                    pid = producer_id(stream, partition, group)
+                    row.append(
+                        Producer(
+                            pid,
+                            settings.producer,
+                            serialization=serialization,
+                            timer_service=timer_service,
+                            self_ref_factory=None if node is None else node.expose(pid),
+                            durable_queue=self._open_queue(durable_queue, pid),
+                        )
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(
+        cls, config: PartitionsConfig, stream: str, **kwargs: Any
+    ) -> PartitionedProducer:
+        """The producer of ``stream`` as ``config`` declares it: its partition count, and
+        the groups that follow it. ``kwargs`` as for the constructor.
+
+        Raises:
+            KeyError: ``config`` declares no such stream.
+            ValueError: no group follows it (nobody would get its messages).
+        """
+        declared = config.stream(stream)
+        groups = [group.name for group in config.groups_following(stream)]
+        return cls(stream, declared.partitions, groups, **kwargs)
+
+    # --- sending -------------------------------------------------------------------------
+
+    def send(self, message: Any, key: Key = None, timeout: float | None = None) -> int:
+        """Send ``message`` to the partition of ``key`` (the next of the round robin
+        without one), for every group; returns the partition.
+
+        It waits until every group's producer of that partition has demand (the slowest
+        group sets the pace), then sends to all of them: a timeout sends to none.
+
+        Raises:
+            DeliveryTimeout: not every group had room within ``timeout`` seconds; no group
+                got the message (send it again).
+            TypeError: the key is neither bytes, str nor None.
+            SerializationError: the message cannot be serialized.
+            ClosedError: this producer was closed.
+            DurableQueueError: a group's durable queue failed every attempt: this
+                producer closes itself; the groups before it in `groups` may have the
+                message stored (they will deliver it), the others do not.
+        """
+        partition = self._router.route(key)
+        wrapped = wrap(message, key, self._serialization)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        lock = self._locks[partition]
+        if not lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise self._timeout(partition, None, timeout)
+        try:
+            self._check_open()
+            producers = self._producers[partition]
+            for index, producer in enumerate(producers):
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    producer.wait_for_demand(remaining)
+                except DeliveryTimeout:
+                    raise self._timeout(partition, self.groups[index], timeout) from None
+            try:
+                for producer in producers:
+                    # Cannot block: it has demand, and only this thread sends on it.
+                    producer.send(wrapped)
+            except DurableQueueError:
+                self.close()
+                raise
+            self._sent[partition] += 1
+        finally:
+            lock.release()
+        return partition
+
+    def wait_confirmed(self, timeout: float | None = None) -> None:
+        """Block until every message sent so far is confirmed by every group.
+
+        Raises:
+            DeliveryTimeout: some are still unconfirmed after ``timeout`` seconds (the
+                error names a (group, partition) that is behind).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for row in self._producers:
+            for producer in row:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                producer.wait_confirmed(remaining)
+
+    # --- what the consumers need ----------------------------------------------------------
+
+    def ref(self, group: str, partition: int) -> Ref:
+        """Where group ``group``'s consumer of ``partition`` registers (in this process;
+        from another one: ``<node address>/<producer_id(...)>``).
+
+        Raises:
+            KeyError: not a group of this producer, or no such partition.
+        """
+        return self.producer(group, partition).ref
+
+    def producer(self, group: str, partition: int) -> Producer:
+        """The `Producer` handle of (``group``, ``partition``), for its snapshot and
+        statistics (send through `send` only).
+
+        Raises:
+            KeyError: not a group of this producer, or no such partition.
+        """
+        if group not in self.groups or not 0 <= partition < self.partitions:
+            msg = (
+                f"PartitionedProducer {self.stream!r} has no producer for group {group!r} "
+                f"and partition {partition!r}; groups {list(self.groups)}, partitions 0 to "
+                f"{self.partitions - 1}"
+            )
+            raise KeyError(msg)
+        return self._producers[partition][self.groups.index(group)]
+
+    def statistics(self) -> PartitionedProducerStats:
+        return PartitionedProducerStats(
+            tuple(self._sent),
+            {p.producer_id: p.statistics() for row in self._producers for p in row},
+        )
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every producer (unconfirmed messages are not resent any more: call
+        `wait_confirmed` first, or use a durable queue), withdraw their names from the
+        node, and close the durable queues this producer opened from a path. Idempotent."""
+        self._closed = True
+        for row in self._producers:
+            for producer in row:
+                producer.close()
+                if self._node is not None:
+                    self._node.unregister(producer.producer_id)
+        queues, self._owned_queues = self._owned_queues, []
+        for queue in queues:
+            with contextlib.suppress(DurableQueueError):  # logged by the queue
+                queue.close()
+
+    def __enter__(self) -> PartitionedProducer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _open_queue(
+        self, source: DurableQueueSource | None, pid: str
+    ) -> DurableProducerQueue | None:
+        if source is None:
+            return None
+        if callable(source):
+            return source(pid)
+        queue = SqliteDurableQueue(
+            source, pid, self.settings.durable_queue, serialization=self._serialization
+        )
+        self._owned_queues.append(queue)
+        return queue
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"PartitionedProducer {self.stream!r} is closed"
+            raise ClosedError(msg)
+
+    def _timeout(self, partition: int, group: str | None, timeout: float | None) -> DeliveryTimeout:
+        if group is None:
+            why = "another thread was sending on it all that time"
+        else:
+            why = (
+                f"group {group!r} had no room (its active consumer of the partition is "
+                f"slow, or there is none)"
+            )
+        msg = (
+            f"PartitionedProducer {self.stream!r}: partition {partition} took no message "
+            f"within {timeout} s: {why}; no group got the message"
+        )
+        return DeliveryTimeout(msg)
+
+
+def _check_groups(stream: str, groups: Sequence[str]) -> tuple[str, ...]:
+    """The groups as a tuple, checked as a `GroupConfig` would check them."""
+    if isinstance(groups, str):
+        msg = f"groups must be a list of group names, got the str {groups!r}; write [{groups!r}]"
+        raise ValueError(msg)
+    checked = tuple(groups)
+    if not checked:
+        msg = f"stream {stream!r}: give at least one consumer group (nobody would get its messages)"
+        raise ValueError(msg)
+    if len(set(checked)) < len(checked):
+        msg = f"stream {stream!r}: a group is listed twice in {list(checked)}"
+        raise ValueError(msg)
+    for group in checked:
+        GroupConfig(group, (stream,))  # checks the name
+    return checked
