@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/p2p_grpc.py
 	$(BIN)/python bench/coordinator.py
 	$(BIN)/python bench/durable.py
+	$(BIN)/python bench/partitions.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
