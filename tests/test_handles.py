@@ -909,3 +909,50 @@ def test_a_producer_controller_actor_delivers_to_a_consumer_handle(timers: Timer
     assert [d.seq_nr for d in deliveries] == list(range(1, 501))
     with pytest.raises(DeliveryTimeout):
         c.receive(timeout=0.2)  # and nothing more
+
+
+class AnswersAtOnce:
+    """A consumer side that answers a SequencedMessage (the first, and every one once
+    ``answering``) with a Request on the telling thread, before its tell returns (as an
+    in-process ref may)."""
+
+    def __init__(self) -> None:
+        self.producer: Producer | None = None
+        self.seq_nrs: list[int] = []
+        self.answering = False
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, SequencedMessage):
+            self.seq_nrs.append(message.seq_nr)
+            if message.seq_nr == 1 or self.answering:
+                assert self.producer is not None
+                request = Request(message.seq_nr, message.seq_nr + 1, True, False)
+                self.producer.ref.tell(request)
+
+
+def test_an_answer_told_back_on_the_draining_thread_while_the_sender_waits_does_not_deadlock(
+    timers: TimerService,
+) -> None:
+    """Thread B processes a Resend while the sender waits for demand; the resent message's
+    answer comes back on B, under the lock B holds: it must be left to B's own drain, not
+    wait for the lock (which B would wait for for ever)."""
+    p = Producer("p-1", timer_service=timers)
+    consumer = AnswersAtOnce()
+    consumer.producer = p
+    p.register_consumer(consumer)
+    p.send("a", timeout=WAIT)  # the first message: answered with Request(1, 2)
+    p.send("b", timeout=WAIT)  # not answered: no demand left
+    sender, outcome = in_thread(lambda: p.send("c", timeout=WAIT), "sender")  # no demand yet
+    deadline = time.monotonic() + WAIT
+    while not p._sleeping:  # the sender announced its wait
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+    consumer.answering = True
+    p.ref.tell(Resend(2))  # on this thread: resends 2, whose answer opens the window
+
+    sender.join(WAIT)
+    assert not sender.is_alive(), "deadlock"
+    assert outcome.get("error") is None
+    assert consumer.seq_nrs[:4] == [1, 2, 2, 3]
+    p.close()

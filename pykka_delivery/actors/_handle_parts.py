@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,11 +23,12 @@ from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedM
 from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.actors.timers import TimerFired, Timers
-from pykka_delivery.errors import ClosedError, LocalProtocolError
+from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError
 
 __all__ = [
     "DeliveryFeed",
     "Ignore",
+    "InboxLock",
     "ReadyDeliveries",
     "ReplySlot",
     "failed_error",
@@ -191,3 +194,99 @@ class DeliveryFeed:
         delivery = ready.popleft()
         self._outstanding = delivery
         return delivery
+
+
+class InboxLock:
+    """How a blocking producer handle (`Producer`, `WorkPullingProducer`) takes what other
+    threads tell it: queued in ``_inbox``, processed (``_drain``) by whichever thread holds
+    ``_lock``, with no thread hop when nobody holds it.
+
+    * A sender that must wait (`_wait_for`) announces it (``_sleeping``), looks at the
+      inbox once more, then waits on ``_changed``; a message queued after that look finds
+      ``_sleeping`` set and takes the lock to process it and wake the sender.
+    * A message queued while another thread holds the lock is left to that thread
+      (`_after_release`).
+    * ``_caller`` is the thread telling others under the lock (in ``_drain``): a ref that
+      answers at once, on that thread, finds it set and leaves its answer in the inbox for
+      the running drain, instead of waiting for a lock its own thread holds.
+    """
+
+    _lock: threading.Lock
+    _changed: threading.Condition
+    _inbox: deque[Any]
+    _sleeping: bool
+    _caller: int
+
+    def _drain(self) -> None:
+        """Process the inbox (the lock is held); notify ``_changed`` when done."""
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _timeout_message(self, what: str, timeout: float | None) -> str:
+        raise NotImplementedError
+
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """With the lock held: wait until ``ready()``, processing what arrives.
+
+        Raises:
+            DeliveryTimeout: not ready within ``timeout`` seconds.
+        """
+        self._check_open()
+        self._drain()
+        if ready():
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            # Announce the wait, then look at the inbox once more: a message queued after
+            # our last drain either shows up here, or its sender sees `_sleeping` and
+            # waits for the lock to wake us (see `_process_inbound`).
+            self._sleeping = True
+            try:
+                if self._inbox:
+                    self._drain()
+                    continue
+                if deadline is None:
+                    self._changed.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DeliveryTimeout(self._timeout_message(what, timeout))
+                    self._changed.wait(remaining)
+            finally:
+                self._sleeping = False
+            self._check_open()
+            self._drain()
+
+    def _inbound(self, message: Any) -> None:
+        """Called on any thread. Queue first, then process if nobody holds the lock."""
+        self._inbox.append(message)
+        self._process_inbound()
+
+    def _inbound_many(self, messages: list[Any]) -> None:
+        self._inbox.extend(messages)
+        self._process_inbound()
+
+    def _process_inbound(self) -> None:
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+            self._after_release()
+        elif self._sleeping and self._caller != threading.get_ident():
+            # The holder is between its last look at the inbox and its wait: it releases
+            # the lock in a moment, and must be woken. (Unless this thread holds the lock
+            # itself and is telling a ref that answered at once, on this thread: then the
+            # running drain takes the answer.)
+            with self._lock:
+                self._drain()
+
+    def _after_release(self) -> None:
+        # A message queued while we held the lock found it taken and left it to us.
+        while self._inbox and self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()

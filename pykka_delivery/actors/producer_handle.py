@@ -25,6 +25,7 @@ from typing import Any
 
 from pykka_delivery.actors._handle_parts import (
     Ignore,
+    InboxLock,
     ReplySlot,
     failed_error,
     open_durable,
@@ -65,7 +66,7 @@ class _Endpoint:
         self._producer._inbound_many(messages)
 
 
-class Producer:
+class Producer(InboxLock):
     """Sends messages reliably to one consumer, one `send` at a time.
 
     Args:
@@ -115,6 +116,7 @@ class Producer:
         self._ignore = Ignore()
         self._closed = False
         self._sleeping = False  # the lock holder is about to wait for a change
+        self._caller = 0  # the thread telling others under the lock (see InboxLock)
         self._timers = Timers(self._endpoint.tell, timer_service)
         self._core = ProducerCore(
             producer_id,
@@ -297,63 +299,8 @@ class Producer:
             msg = f"Producer {self.producer_id!r} is closed"
             raise ClosedError(msg)
 
-    def _wait_for(self, ready: Any, timeout: float | None, what: str) -> None:
-        self._check_open()
-        self._drain()
-        if ready():
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not ready():
-            # Announce the wait, then look at the inbox once more: a message queued after
-            # our last drain either shows up here, or its sender sees `_sleeping` and
-            # waits for the lock to wake us (see `_inbound`).
-            self._sleeping = True
-            try:
-                if self._inbox:
-                    self._drain()
-                    continue
-                if deadline is None:
-                    self._changed.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
-                        raise DeliveryTimeout(msg)
-                    self._changed.wait(remaining)
-            finally:
-                self._sleeping = False
-            self._check_open()
-            self._drain()
-
-    def _inbound(self, message: Any) -> None:
-        """Called on any thread. Queue first, then process if nobody holds the lock."""
-        self._inbox.append(message)
-        self._process_inbound()
-
-    def _inbound_many(self, messages: list[Any]) -> None:
-        self._inbox.extend(messages)
-        self._process_inbound()
-
-    def _process_inbound(self) -> None:
-        if self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
-            self._after_release()
-        elif self._sleeping:
-            # The holder is between its last look at the inbox and its wait: it releases
-            # the lock in a moment, and must be woken.
-            with self._lock:
-                self._drain()
-
-    def _after_release(self) -> None:
-        # A message queued while we held the lock found it taken and left it to us.
-        while self._inbox and self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
+    def _timeout_message(self, what: str, timeout: float | None) -> str:
+        return f"Producer {self.producer_id!r}: no {what} within {timeout} s"
 
     def _drain(self) -> None:
         inbox = self._inbox
@@ -382,6 +329,13 @@ class Producer:
         self._changed.notify_all()
 
     def _run(self, effects: list[Effect]) -> None:
+        self._caller = threading.get_ident()
+        try:
+            self._carry_out(effects)
+        finally:
+            self._caller = 0
+
+    def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
             if type(effect) is Send:
                 message = effect.message

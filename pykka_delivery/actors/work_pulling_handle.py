@@ -26,7 +26,13 @@ from typing import Any
 
 import pykka
 
-from pykka_delivery.actors._handle_parts import Ignore, ReplySlot, failed_error, open_durable
+from pykka_delivery.actors._handle_parts import (
+    Ignore,
+    InboxLock,
+    ReplySlot,
+    failed_error,
+    open_durable,
+)
 from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
 from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
@@ -74,7 +80,7 @@ class _WorkerEndpoint:
         self._producer._inbound_many([WorkerMessage(worker_id, m) for m in messages])
 
 
-class WorkPullingProducer:
+class WorkPullingProducer(InboxLock):
     """Sends messages to the workers registered under a service key, each message to one
     worker with demand, one `send` at a time; the unconfirmed messages of a worker that
     leaves go to the others.
@@ -361,68 +367,11 @@ class WorkPullingProducer:
             msg = f"WorkPullingProducer {self.producer_id!r} is closed"
             raise ClosedError(msg)
 
-    def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
-        self._check_open()
-        self._drain()
-        if ready():
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not ready():
-            # Announce the wait, then look at the inbox once more: a message queued after
-            # our last drain either shows up here, or its sender sees `_sleeping` and
-            # waits for the lock to wake us (see `_process_inbound`).
-            self._sleeping = True
-            try:
-                if self._inbox:
-                    self._drain()
-                    continue
-                if deadline is None:
-                    self._changed.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        msg = (
-                            f"WorkPullingProducer {self.producer_id!r}: no {what} within "
-                            f"{timeout} s ({len(self._core.workers)} workers registered)"
-                        )
-                        raise DeliveryTimeout(msg)
-                    self._changed.wait(remaining)
-            finally:
-                self._sleeping = False
-            self._check_open()
-            self._drain()
-
-    def _inbound(self, message: Any) -> None:
-        """Called on any thread. Queue first, then process if nobody holds the lock."""
-        self._inbox.append(message)
-        self._process_inbound()
-
-    def _inbound_many(self, messages: list[Any]) -> None:
-        self._inbox.extend(messages)
-        self._process_inbound()
-
-    def _process_inbound(self) -> None:
-        if self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
-            self._after_release()
-        elif self._sleeping and self._caller != threading.get_ident():
-            # The holder is between its last look at the inbox and its wait: it releases
-            # the lock in a moment, and must be woken. (Unless this thread holds the lock
-            # itself and is telling a ref that answered at once, on this thread: then the
-            # holder's own drain takes the answer.)
-            with self._lock:
-                self._drain()
-
-    def _after_release(self) -> None:
-        # A message queued while we held the lock found it taken and left it to us.
-        while self._inbox and self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
+    def _timeout_message(self, what: str, timeout: float | None) -> str:
+        return (
+            f"WorkPullingProducer {self.producer_id!r}: no {what} within "
+            f"{timeout} s ({len(self._core.workers)} workers registered)"
+        )
 
     def _drain(self) -> None:
         inbox = self._inbox
