@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pykka_delivery.actors._shell import DurableQueueCalls
+from pykka_delivery.actors._shell import STORE_EFFECTS, DurableQueueCalls
 from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.dead_letters import DeadLetterError
 from pykka_delivery.actors.dedup import DedupWriter
@@ -18,8 +18,8 @@ from pykka_delivery.actors.durable_queue import (
     DurableProducerState,
     DurableQueueError,
 )
-from pykka_delivery.actors.effects import Effect
-from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, SequencedMessage
+from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, Ref, SequencedMessage
 from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.actors.timers import TimerFired, Timers
@@ -29,6 +29,7 @@ __all__ = [
     "DeliveryFeed",
     "Ignore",
     "InboxLock",
+    "ProducerEffects",
     "ReadyDeliveries",
     "ReplySlot",
     "failed_error",
@@ -290,3 +291,53 @@ class InboxLock:
                 self._drain()
             finally:
                 self._lock.release()
+
+
+class ProducerEffects:
+    """How the producer handles (`Producer`, `AsyncProducer`, `WorkPullingProducer`) carry
+    out their core's effects, and close when the durable queue fails every attempt."""
+
+    _closed: bool
+    _timers: Timers
+    _inbox: deque[Any]
+    _durable: DurableQueueCalls | None
+    _failure: DurableQueueError | None
+
+    def _tell(self, to: Ref, message: Any) -> None:
+        """Carry out a `Send` (each handle knows what it may skip or drop)."""
+        raise NotImplementedError
+
+    def _wake_waiters(self) -> None:
+        """Wake whoever waits for a change (a condition, or futures on a loop)."""
+        raise NotImplementedError
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Carry out ``effects`` in order.
+
+        Raises:
+            DurableQueueError: a store failed every attempt; the handle is closed
+                (`_fail`) and the effects after it are not carried out.
+        """
+        for effect in effects:
+            if type(effect) is Send:
+                self._tell(effect.to, effect.message)
+            elif type(effect) is StartTimer:
+                if not self._closed:
+                    self._timers.start(effect.key, effect.interval)
+            elif type(effect) is CancelTimer:
+                self._timers.cancel(effect.key)
+            elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
+                try:
+                    self._durable.store(effect)
+                except DurableQueueError as error:
+                    self._fail(error)
+                    raise
+
+    def _fail(self, error: DurableQueueError) -> None:
+        """The durable queue failed every attempt: the core's state is ahead of what is
+        stored, so nothing more may be sent from it. Close; the calls raise ``error``."""
+        self._failure = error
+        self._closed = True
+        self._timers.cancel_all()
+        self._inbox.clear()
+        self._wake_waiters()

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 from pykka_delivery.actors._handle_parts import (
     DeliveryFeed,
     Ignore,
+    ProducerEffects,
     ReadyDeliveries,
     ReplySlot,
     failed_error,
@@ -49,7 +50,7 @@ from pykka_delivery.actors._handle_parts import (
     send_batch_through,
     send_through,
 )
-from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
+from pykka_delivery.actors._shell import wall_clock_millis
 from pykka_delivery.actors.consumer_core import ConsumerCore, ConsumerSnapshot, ConsumerStats
 from pykka_delivery.actors.dead_letters import (
     DeadLetterDestination,
@@ -146,7 +147,7 @@ class _ProducerEndpoint:
             _call_in_loop(producer._loop, producer._process_scheduled)
 
 
-class AsyncProducer:
+class AsyncProducer(ProducerEffects):
     """Sends messages reliably to one consumer, from asyncio code.
 
     Args:
@@ -499,30 +500,13 @@ class AsyncProducer:
         self._notify()
 
     def _run(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            if type(effect) is Send:
-                message = effect.message
-                if type(message) is not RequestNext:  # demand is read from the core
-                    effect.to.tell(message)
-            elif type(effect) is StartTimer:
-                if not self._closed:
-                    self._timers.start(effect.key, effect.interval)
-            elif type(effect) is CancelTimer:
-                self._timers.cancel(effect.key)
-            elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
-                try:
-                    self._durable.store(effect)
-                except DurableQueueError as error:
-                    self._fail(error)
-                    raise
+        self._carry_out(effects)
 
-    def _fail(self, error: DurableQueueError) -> None:
-        """As `Producer._fail`: the durable queue failed every attempt; close, and make
-        every call raise."""
-        self._failure = error
-        self._closed = True
-        self._timers.cancel_all()
-        self._inbox.clear()
+    def _tell(self, to: Ref, message: Any) -> None:
+        if type(message) is not RequestNext:  # demand is read from the core
+            to.tell(message)
+
+    def _wake_waiters(self) -> None:
         self._notify()
 
 

@@ -26,15 +26,16 @@ from typing import Any
 from pykka_delivery.actors._handle_parts import (
     Ignore,
     InboxLock,
+    ProducerEffects,
     ReplySlot,
     failed_error,
     open_durable,
     send_batch_through,
     send_through,
 )
-from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
+from pykka_delivery.actors._shell import wall_clock_millis
 from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import Ref, RegisterConsumer, RequestNext
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.actors.settings import ProducerControllerSettings
@@ -66,7 +67,7 @@ class _Endpoint:
         self._producer._inbound_many(messages)
 
 
-class Producer(InboxLock):
+class Producer(InboxLock, ProducerEffects):
     """Sends messages reliably to one consumer, one `send` at a time.
 
     Args:
@@ -335,29 +336,9 @@ class Producer(InboxLock):
         finally:
             self._caller = 0
 
-    def _carry_out(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            if type(effect) is Send:
-                message = effect.message
-                if type(message) is not RequestNext:  # demand is read from the core
-                    effect.to.tell(message)
-            elif type(effect) is StartTimer:
-                if not self._closed:
-                    self._timers.start(effect.key, effect.interval)
-            elif type(effect) is CancelTimer:
-                self._timers.cancel(effect.key)
-            elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
-                try:
-                    self._durable.store(effect)
-                except DurableQueueError as error:
-                    self._fail(error)
-                    raise
+    def _tell(self, to: Ref, message: Any) -> None:
+        if type(message) is not RequestNext:  # demand is read from the core
+            to.tell(message)
 
-    def _fail(self, error: DurableQueueError) -> None:
-        """The durable queue failed every attempt: the core's state is ahead of what is
-        stored, so nothing more may be sent from it. Close; the calls raise ``error``."""
-        self._failure = error
-        self._closed = True
-        self._timers.cancel_all()
-        self._inbox.clear()
+    def _wake_waiters(self) -> None:
         self._changed.notify_all()

@@ -29,13 +29,14 @@ import pykka
 from pykka_delivery.actors._handle_parts import (
     Ignore,
     InboxLock,
+    ProducerEffects,
     ReplySlot,
     failed_error,
     open_durable,
 )
-from pykka_delivery.actors._shell import STORE_EFFECTS, wall_clock_millis
+from pykka_delivery.actors._shell import wall_clock_millis
 from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.actors.effects import Effect
 from pykka_delivery.actors.messages import Ref
 from pykka_delivery.actors.registry import ServiceRegistry, Subscription, default_registry
 from pykka_delivery.actors.settings import WorkPullingSettings
@@ -80,7 +81,7 @@ class _WorkerEndpoint:
         self._producer._inbound_many([WorkerMessage(worker_id, m) for m in messages])
 
 
-class WorkPullingProducer(InboxLock):
+class WorkPullingProducer(InboxLock, ProducerEffects):
     """Sends messages to the workers registered under a service key, each message to one
     worker with demand, one `send` at a time; the unconfirmed messages of a worker that
     leaves go to the others.
@@ -411,20 +412,7 @@ class WorkPullingProducer(InboxLock):
     def _run(self, effects: list[Effect]) -> None:
         self._caller = threading.get_ident()
         try:
-            for effect in effects:
-                if type(effect) is Send:
-                    self._tell(effect.to, effect.message)
-                elif type(effect) is StartTimer:
-                    if not self._closed:
-                        self._timers.start(effect.key, effect.interval)
-                elif type(effect) is CancelTimer:
-                    self._timers.cancel(effect.key)
-                elif isinstance(effect, STORE_EFFECTS) and self._durable is not None:
-                    try:
-                        self._durable.store(effect)
-                    except DurableQueueError as error:
-                        self._fail(error)
-                        raise
+            self._carry_out(effects)
         finally:
             self._caller = 0
 
@@ -441,8 +429,7 @@ class WorkPullingProducer(InboxLock):
             self._caller = 0
         return True
 
-    @staticmethod
-    def _tell(to: Ref, message: Any) -> None:
+    def _tell(self, to: Ref, message: Any) -> None:
         try:
             to.tell(message)
         except pykka.ActorDeadError:
@@ -450,11 +437,5 @@ class WorkPullingProducer(InboxLock):
             # check), and its unconfirmed messages go to the others.
             logger.debug("Dropped %s: %r is dead", type(message).__name__, to)
 
-    def _fail(self, error: DurableQueueError) -> None:
-        """The durable queue failed every attempt: the core's state is ahead of what is
-        stored, so nothing more may be sent from it. Close; the calls raise ``error``."""
-        self._failure = error
-        self._closed = True
-        self._timers.cancel_all()
-        self._inbox.clear()
+    def _wake_waiters(self) -> None:
         self._changed.notify_all()
