@@ -1771,3 +1771,26 @@ def test_recover_keeps_a_lost_deactivating_consumer_blocking_until_its_timer() -
     s, effects = run(s, DisconnectedTimeout("x"))  # the re-armed timer
     assert view(s) == {GID: ["x/0 PW", "z/0 CA"]}
     assert effects == [act("z", 0)]
+
+
+def test_joins_during_a_pending_step_down_are_coalesced_into_one_hand_over() -> None:
+    """Issue 6's "rebalance work is queued and coalesced per group": a partitioned group
+    has at most one step-down outstanding, and the consumer activated when it is answered
+    is the one the rule chooses from the membership *then*. Three joins while the active
+    consumer finishes cause one hand-over, straight to the final choice, not a chain of
+    activations and step-downs through every intermediate membership."""
+    s = state()
+    s, _ = run(s, register("a", 0, index=3))
+
+    s, effects = run(s, register("b", 0, index=3))  # chosen: 3 mod 2 = 1, b
+    assert effects == [watch("b"), step("a", 0)]
+    s, effects = run(s, register("c", 0, index=3))  # chosen: 3 mod 3 = 0, a again
+    assert effects == [watch("c")], "a is stepping down already: nothing more to do"
+    s, effects = run(s, register("d", 0, index=3))  # chosen: 3 mod 4 = 3, d
+    assert effects == [watch("d"), step("a", 0)], "the same step-down, repeated (cheap)"
+    assert view(s) == {GID: ["a/0 CD", "b/0 CW", "c/0 CW", "d/0 CW"]}
+
+    s, effects = run(s, activate())
+
+    assert effects == [act("d", 0)], "one activation, of the final choice"
+    assert view(s) == {GID: ["a/0 CW", "b/0 CW", "c/0 CW", "d/0 CA"]}
