@@ -10,7 +10,8 @@ The shell: `CoordinatorActor` runs the machine, carries out its effects (consume
 to connection sinks, timers) and appends every state-changing command to a `CommandLog`
 (`SqliteCommandLog` for one durable file) before carrying out its effects. It also keeps
 the service directory (`ServiceDirectory`) that work pulling across processes uses as its
-registry.
+registry, and the stream catalog (`CreateStream`, `list_streams`): partitioned streams
+created and grown at run time.
 """
 
 from pykka_delivery.coordinator.actor import (
@@ -22,6 +23,7 @@ from pykka_delivery.coordinator.actor import (
     Detach,
     Execute,
     ListGroups,
+    ListStreams,
 )
 from pykka_delivery.coordinator.client import (
     ConnectionRejected,
@@ -36,6 +38,7 @@ from pykka_delivery.coordinator.commands import (
     ConnectionDown,
     ConnectionLost,
     ConnectionReconnected,
+    CreateStream,
     DisconnectedTimeout,
     EvaluateGroup,
     NodeReconnected,
@@ -67,8 +70,10 @@ from pykka_delivery.coordinator.effects import (
 from pykka_delivery.coordinator.machine import Outcome, apply, initial_state, replay
 from pykka_delivery.coordinator.queries import (
     GroupInfo,
+    StreamInfo,
     list_groups,
     list_nodes,
+    list_streams,
     settings_change,
 )
 from pykka_delivery.coordinator.service import (
@@ -89,6 +94,7 @@ from pykka_delivery.coordinator.state import (
     CoordinatorState,
     Group,
     GroupId,
+    StreamId,
 )
 from pykka_delivery.coordinator.store import (
     DEFAULT_SNAPSHOT_EVERY,
@@ -132,6 +138,7 @@ __all__ = [
     "CoordinatorState",
     "CoordinatorStats",
     "CoordinatorUnavailable",
+    "CreateStream",
     "Detach",
     "DisconnectedTimeout",
     "Effect",
@@ -141,6 +148,7 @@ __all__ = [
     "GroupId",
     "GroupInfo",
     "ListGroups",
+    "ListStreams",
     "MemoryCommandLog",
     "NodeReconnected",
     "Ok",
@@ -158,6 +166,8 @@ __all__ = [
     "ServiceKey",
     "SqliteCommandLog",
     "StartTimer",
+    "StreamId",
+    "StreamInfo",
     "UnregisterConsumer",
     "UnwatchConnection",
     "UpdateSettings",
@@ -166,6 +176,7 @@ __all__ = [
     "initial_state",
     "list_groups",
     "list_nodes",
+    "list_streams",
     "replay",
     "settings_change",
 ]

@@ -77,7 +77,7 @@ from pykka_delivery.coordinator.effects import (
     step_down,
 )
 from pykka_delivery.coordinator.machine import apply
-from pykka_delivery.coordinator.queries import list_groups, settings_change
+from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
 from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
 from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog
 
@@ -91,6 +91,7 @@ __all__ = [
     "Detach",
     "Execute",
     "ListGroups",
+    "ListStreams",
     "RegisterService",
     "UnwatchService",
     "WatchService",
@@ -188,6 +189,15 @@ class UnwatchService:
 class ListGroups:
     """Ask: every group (of ``namespace``, if given) with its consumers, a tuple of
     `GroupInfo` sorted by group key."""
+
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListStreams:
+    """Ask: every stream of the catalog (of ``namespace``, if given) with its partition
+    count, a tuple of `StreamInfo` sorted by stream key. Streams are created and grown
+    with ``Execute(CreateStream(...))``."""
 
     namespace: str | None = None
 
@@ -331,6 +341,8 @@ class CoordinatorActor(pykka.ThreadingActor):
             return None
         if type(message) is ListGroups:
             return list_groups(self._state, message.namespace)
+        if type(message) is ListStreams:
+            return list_streams(self._state, message.namespace)
         if type(message) in _DIRECTORY_MESSAGES:
             self._on_directory(message)
             return OK

@@ -67,6 +67,7 @@ from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator.commands import (
     OK,
     ActivateConsumer,
+    CreateStream,
     Refusal,
     RegisterConsumer,
     Registered,
@@ -74,7 +75,7 @@ from pykka_delivery.coordinator.commands import (
 )
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
-from pykka_delivery.coordinator.queries import GroupInfo
+from pykka_delivery.coordinator.queries import GroupInfo, StreamInfo
 from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
@@ -407,6 +408,62 @@ class CoordinatorClient:
             msg = "CoordinatorClient is closed"
             raise ClosedError(msg) from None
         return wire.groups_from_message(future.result())
+
+    def create_stream(
+        self,
+        name: str,
+        partitions: int,
+        *,
+        namespace: str = "",
+        timeout: float | None = None,
+    ) -> None:
+        """Create stream ``name`` with ``partitions`` partitions in the coordinator's
+        catalog, or grow it to that count. Asking for the count it has is done and changes
+        nothing, so every producer and member may ask. Growing moves keys
+        (docs/partitions.md, "Growth"): running producers and members keep their count
+        until they are rebuilt.
+
+        Raises:
+            ValueError: ``name``, ``namespace`` or ``partitions`` is not valid (checked
+                here, before anything is sent).
+            CoordinatorRefused: ``"partitions_shrink"``: the stream has more partitions
+                (counts never shrink); ``"partitions_over_limit"``: above the
+                coordinator's ``max_partitions``.
+            ConnectionRejected, DeliveryTimeout, ClosedError, LocalProtocolError: see
+                `activate`.
+        """
+        command = CreateStream(namespace, name, partitions)  # checks, in the caller's code
+        message = wire.create_stream_message(next(self._request_ids), command)
+        self._wait(_Request(message, concurrent.futures.Future()), timeout)
+
+    def list_streams(
+        self, namespace: str | None = None, *, timeout: float | None = None
+    ) -> tuple[StreamInfo, ...]:
+        """Every stream of the catalog (of ``namespace``) with its partition count,
+        sorted by (namespace, name).
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable, ClosedError: see
+                `list_groups`.
+        """
+        request = pb.ListStreamsRequest()
+        if namespace is not None:
+            request.namespace = namespace
+        reply = self._query("list_streams", "ListStreams", request, timeout)
+        return wire.streams_from_message(reply)
+
+    def stream_partitions(
+        self, name: str, *, namespace: str = "", timeout: float | None = None
+    ) -> int | None:
+        """The partition count of stream ``name`` in the catalog, or None if it has none.
+
+        Raises:
+            as `list_streams`.
+        """
+        for info in self.list_streams(namespace, timeout=timeout):
+            if info.stream.name == name:
+                return info.partitions
+        return None
 
     def close(self, *, goodbye: bool = True) -> None:
         """Close the connection. With ``goodbye`` (the default) the coordinator removes
@@ -938,6 +995,38 @@ class CoordinatorClient:
                 return False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), remaining)
+
+    def _query(self, what: str, rpc: str, request: Any, timeout: float | None) -> Any:
+        """Run the unary ``rpc`` (a stub method's name) with ``request`` from the caller's thread
+        and return its reply, with the errors of `list_groups`."""
+        self._check_thread()
+        timeout = self.settings.request_timeout if timeout is None else timeout
+        query = self._unary(what, rpc, request, timeout)
+        try:
+            if self._closed:
+                raise RuntimeError
+            future = asyncio.run_coroutine_threadsafe(query, self._loop)
+        except RuntimeError:  # closed, or closing meanwhile (the loop is closed)
+            query.close()
+            msg = "CoordinatorClient is closed"
+            raise ClosedError(msg) from None
+        return future.result()
+
+    async def _unary(self, what: str, rpc: str, request: Any, timeout: float) -> Any:
+        call = getattr(self._stub, rpc)  # the stub is made on the client's thread
+        try:
+            return await call(
+                request, metadata=self._metadata, timeout=timeout, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            if code in _REJECTIONS:
+                raise ConnectionRejected(code.name, error.details() or "") from None
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                msg = f"CoordinatorClient: {what} got no answer within {timeout} s"
+                raise DeliveryTimeout(msg) from None
+            msg = f"{what} failed: {code.name}: {error.details()}"
+            raise CoordinatorUnavailable(msg) from None
 
     async def _list_groups(
         self, request: pb.ListGroupsRequest, timeout: float

@@ -14,7 +14,8 @@ Who sends what:
   and `DisconnectedTimeout` when a `StartTimer` fires;
 * the shell's periodic sweep and operators: `PurgeStaleConnections`, `EvaluateGroup`,
   `ActivateConsumer` (as a last-resort unblock), `UpdateSettings`;
-* the shell after a restart, once the log is replayed: `Recover`.
+* the shell after a restart, once the log is replayed: `Recover`;
+* producers, group members and operators: `CreateStream` (the stream catalog).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from pykka_delivery.coordinator.state import SIMPLE, CoordinatorSettings, GroupId
+from pykka_delivery.coordinator.state import SIMPLE, CoordinatorSettings, GroupId, StreamId
 
 __all__ = [
     "OK",
@@ -32,6 +33,7 @@ __all__ = [
     "ConnectionDown",
     "ConnectionLost",
     "ConnectionReconnected",
+    "CreateStream",
     "DisconnectedTimeout",
     "EvaluateGroup",
     "NodeReconnected",
@@ -271,20 +273,75 @@ class EvaluateGroup(_GroupCommand):
 @dataclass(frozen=True, slots=True)
 class UpdateSettings:
     """Replace the settings wholesale (fields and defaults as `CoordinatorSettings`).
-    Running timers keep their delay. Replies `Ok`."""
+    Running timers keep their delay; streams above a lowered ``max_partitions`` keep
+    their count (only creation and growth are checked). Replies `Ok`."""
 
     disconnected_timeout: float = 60.0
     recovery_min_delay: float = 10.0
+    max_partitions: int = 1024
 
     def __post_init__(self) -> None:
         self.settings()  # validates
 
     @classmethod
     def of(cls, settings: CoordinatorSettings) -> UpdateSettings:
-        return cls(settings.disconnected_timeout, settings.recovery_min_delay)
+        return cls(
+            settings.disconnected_timeout, settings.recovery_min_delay, settings.max_partitions
+        )
 
     def settings(self) -> CoordinatorSettings:
-        return CoordinatorSettings(self.disconnected_timeout, self.recovery_min_delay)
+        return CoordinatorSettings(
+            self.disconnected_timeout, self.recovery_min_delay, self.max_partitions
+        )
+
+
+# --- the stream catalog ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream:
+    """Create stream ``name`` of ``namespace`` with ``partitions`` partitions, or grow it.
+
+    The same count again changes nothing (so a producer and each group member may all ask
+    for it); a larger count grows the stream (keys move as docs/partitions.md, "Growth",
+    says); a smaller one is refused (``PARTITIONS_SHRINK``): counts never shrink. A count
+    above the settings' ``max_partitions`` is refused (``PARTITIONS_OVER_LIMIT``).
+    Replies `Ok`.
+
+    ``name`` and ``partitions`` are checked as a declared stream's are
+    (`pykka_delivery.partitions.config.StreamConfig`); ``namespace`` may be empty, else
+    it follows the same rule as names.
+    """
+
+    namespace: str
+    name: str
+    partitions: int
+
+    def __post_init__(self) -> None:
+        # Imported here: the partitions package imports the coordinator's client.
+        from pykka_delivery.partitions.config import StreamConfig  # noqa: PLC0415
+
+        _require(
+            isinstance(self.namespace, str),
+            f"CreateStream.namespace must be a string, got {self.namespace!r}",
+        )
+        if self.namespace:
+            try:
+                StreamConfig(self.namespace, 1)
+            except ValueError:
+                msg = (
+                    f"CreateStream.namespace {self.namespace!r} is not valid: leave it empty, "
+                    f"or use letters, digits, '.', '_' and '-'"
+                )
+                raise ValueError(msg) from None
+        try:
+            StreamConfig(self.name, self.partitions)
+        except ValueError as error:
+            raise ValueError(f"CreateStream: {error}") from None
+
+    @property
+    def stream_id(self) -> StreamId:
+        return StreamId(self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +369,7 @@ Command = (
     | EvaluateGroup
     | UpdateSettings
     | Recover
+    | CreateStream
 )
 
 
@@ -341,6 +399,8 @@ class Refusal(enum.Enum):
     GROUP_NOT_FOUND = "group_not_found"
     CONSUMER_NOT_FOUND = "consumer_not_found"
     UNKNOWN_COMMAND = "unknown_command"
+    PARTITIONS_SHRINK = "partitions_shrink"
+    PARTITIONS_OVER_LIMIT = "partitions_over_limit"
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from pykka_delivery.coordinator.commands import (
     ConnectionDown,
     ConnectionLost,
     ConnectionReconnected,
+    CreateStream,
     DisconnectedTimeout,
     EvaluateGroup,
     NodeReconnected,
@@ -380,6 +381,33 @@ def _update_settings(state: CoordinatorState, command: UpdateSettings) -> _Resul
     return replace(state, settings=command.settings()), OK, []
 
 
+def _create_stream(state: CoordinatorState, command: CreateStream) -> _Result:
+    """Create or grow a stream of the catalog; the same count again changes nothing (and
+    is therefore not logged: the shell logs only commands that change the state)."""
+    sid = command.stream_id
+    current = state.streams.get(sid)
+    limit = state.settings.max_partitions
+    if current is not None and command.partitions < current:
+        msg = (
+            f"{sid} has {current} partitions; asked for {command.partitions}. Partition "
+            f"counts never shrink (keys would move, and messages on the dropped partitions "
+            f"would be orphaned): ask for {current} or more, or use another stream name."
+        )
+        return state, Refused(Refusal.PARTITIONS_SHRINK, msg), []
+    if command.partitions == current:
+        return state, OK, []
+    if command.partitions > limit:
+        msg = (
+            f"cannot give {sid} {command.partitions} partitions: the coordinator allows at "
+            f"most {limit} (CoordinatorSettings.max_partitions). Ask for fewer, or raise "
+            f"max_partitions in the coordinator's settings."
+        )
+        return state, Refused(Refusal.PARTITIONS_OVER_LIMIT, msg), []
+    streams = dict(state.streams)
+    streams[sid] = command.partitions
+    return replace(state, streams=MappingProxyType(streams)), OK, []
+
+
 def _recover(state: CoordinatorState, command: Recover) -> _Result:
     effects: list[Effect] = [WatchConnection(c) for c in sorted(state.connections())]
     # A consumer update decided just before the restart may never have been sent. Sending
@@ -425,6 +453,7 @@ _HANDLERS: dict[type, Callable[[CoordinatorState, Any], _Result]] = {
     EvaluateGroup: _evaluate,
     UpdateSettings: _update_settings,
     Recover: _recover,
+    CreateStream: _create_stream,
 }
 
 

@@ -10,9 +10,17 @@ from pykka_delivery.coordinator.state import (
     CoordinatorSettings,
     CoordinatorState,
     GroupId,
+    StreamId,
 )
 
-__all__ = ["GroupInfo", "list_groups", "list_nodes", "settings_change"]
+__all__ = [
+    "GroupInfo",
+    "StreamInfo",
+    "list_groups",
+    "list_nodes",
+    "list_streams",
+    "settings_change",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +44,23 @@ def list_groups(state: CoordinatorState, namespace: str | None = None) -> tuple[
         GroupInfo(gid, group.partition_index, group.consumers)
         for gid, group in sorted(state.groups.items())
         if namespace is None or gid.namespace == namespace
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One stream of the catalog as listed: its key and its partition count."""
+
+    stream: StreamId
+    partitions: int
+
+
+def list_streams(state: CoordinatorState, namespace: str | None = None) -> tuple[StreamInfo, ...]:
+    """Every stream of the catalog (of ``namespace``, if given), sorted by key."""
+    return tuple(
+        StreamInfo(sid, partitions)
+        for sid, partitions in sorted(state.streams.items())
+        if namespace is None or sid.namespace == namespace
     )
 
 

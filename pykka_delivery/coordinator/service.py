@@ -40,7 +40,7 @@ import grpc
 import pykka
 
 from pykka_delivery.coordinator import wire
-from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups
+from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups, ListStreams
 from pykka_delivery.coordinator.commands import OK
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
@@ -171,6 +171,18 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         except _Unavailable as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         return wire.groups_message(groups)
+
+    async def ListStreams(
+        self, request: pb.ListStreamsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListStreamsReply:
+        server = self.server
+        await server._check_token(context)
+        namespace = request.namespace if request.HasField("namespace") else None
+        try:
+            streams = await server._ask(ListStreams(namespace))
+        except _Unavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        return wire.streams_message(streams)
 
 
 class _Stream:

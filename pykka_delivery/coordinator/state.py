@@ -29,6 +29,7 @@ __all__ = [
     "CoordinatorState",
     "Group",
     "GroupId",
+    "StreamId",
 ]
 
 SIMPLE = -1
@@ -61,6 +62,17 @@ class GroupId:
 
     def __str__(self) -> str:
         return f"group {self.name!r} on stream {self.stream!r} in namespace {self.namespace!r}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class StreamId:
+    """Key of a stream in the coordinator's catalog: a stream name within a namespace."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"stream {self.name!r} in namespace {self.namespace!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +258,16 @@ class CoordinatorSettings:
         recovery_min_delay: after a restart (`Recover`), a re-armed disconnected timer
             fires no sooner than this, so connections have time to reach the restarted
             coordinator; capped at ``disconnected_timeout``. Default 10 s.
+        max_partitions: the most partitions a stream of the catalog may have
+            (`CreateStream` above it is refused). Default 1024, the default of
+            `pykka_delivery.partitions.config.PartitionsSettings.max_partitions` (a
+            test pins that they agree), for the same reason: each partition costs a
+            producer per group and a group per consumer group.
     """
 
     disconnected_timeout: float = 60.0
     recovery_min_delay: float = 10.0
+    max_partitions: int = 1024
 
     def __post_init__(self) -> None:
         for name in ("disconnected_timeout", "recovery_min_delay"):
@@ -258,19 +276,30 @@ class CoordinatorSettings:
                 math.isfinite(value) and value > 0,
                 f"{name} must be a finite number of seconds above 0, got {value!r}",
             )
+        _require(
+            type(self.max_partitions) is int and self.max_partitions >= 1,
+            f"max_partitions must be a whole number of 1 or more, got {self.max_partitions!r}",
+        )
 
 
 def _no_groups() -> Mapping[GroupId, Group]:
     return MappingProxyType({})
 
 
+def _no_streams() -> Mapping[StreamId, int]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorState:
-    """Every group (none is empty: a group goes when its last consumer goes) and the
-    settings. ``groups`` is a read-only mapping; `machine.apply` makes new ones."""
+    """Every group (none is empty: a group goes when its last consumer goes), the stream
+    catalog (each stream created with `CreateStream` and its partition count, which never
+    shrinks) and the settings. ``groups`` and ``streams`` are read-only mappings;
+    `machine.apply` makes new ones."""
 
     groups: Mapping[GroupId, Group] = field(default_factory=_no_groups)
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    streams: Mapping[StreamId, int] = field(default_factory=_no_streams)
 
     def connections(self) -> frozenset[str]:
         """Every connection with at least one consumer."""

@@ -36,7 +36,13 @@ from typing import Any, Protocol
 from pykka_delivery import _sqlite
 from pykka_delivery.coordinator.commands import Command
 from pykka_delivery.coordinator.machine import initial_state, replay
-from pykka_delivery.coordinator.state import CoordinatorSettings, CoordinatorState, Group, GroupId
+from pykka_delivery.coordinator.state import (
+    CoordinatorSettings,
+    CoordinatorState,
+    Group,
+    GroupId,
+    StreamId,
+)
 from pykka_delivery.errors import ClosedError, DeliveryError
 
 __all__ = [
@@ -375,7 +381,12 @@ def decode_command(kind: str, body: str) -> Command:
 
 
 def encode_state(state: CoordinatorState) -> dict[str, Any]:
-    """A JSON-able snapshot of ``state``."""
+    """A JSON-able snapshot of ``state``.
+
+    The stream catalog is the optional key ``"streams"`` (added after format 1 was
+    written; the format stays 1): a snapshot without it, written before the catalog
+    existed, reads as a coordinator with no streams.
+    """
     return {
         "format": _SNAPSHOT_FORMAT,
         "settings": _to_json(state.settings),
@@ -383,11 +394,15 @@ def encode_state(state: CoordinatorState) -> dict[str, Any]:
             {"group": _to_json(gid), "value": _to_json(group)}
             for gid, group in sorted(state.groups.items())
         ],
+        "streams": [
+            {"stream": _to_json(sid), "partitions": partitions}
+            for sid, partitions in sorted(state.streams.items())
+        ],
     }
 
 
 def decode_state(data: dict[str, Any]) -> CoordinatorState:
-    """The state `encode_state` gave ``data`` for."""
+    """The state `encode_state` gave ``data`` for (no ``"streams"`` key: no streams)."""
     if data.get("format") != _SNAPSHOT_FORMAT:
         msg = f"snapshot format {data.get('format')!r}, expected {_SNAPSHOT_FORMAT}"
         raise ValueError(msg)
@@ -395,9 +410,14 @@ def decode_state(data: dict[str, Any]) -> CoordinatorState:
         _from_json(item["group"], GroupId): _from_json(item["value"], Group)
         for item in data["groups"]
     }
+    streams = {
+        _from_json(item["stream"], StreamId): _from_json(item["partitions"], int)
+        for item in data.get("streams", ())
+    }
     return CoordinatorState(
         groups=types.MappingProxyType(groups),
         settings=_from_json(data["settings"], CoordinatorSettings),
+        streams=types.MappingProxyType(streams),
     )
 
 

@@ -18,6 +18,7 @@ from pykka_delivery.coordinator.actor import (
 from pykka_delivery.coordinator.commands import (
     OK,
     ActivateConsumer,
+    CreateStream,
     Ok,
     Refusal,
     Refused,
@@ -28,8 +29,15 @@ from pykka_delivery.coordinator.commands import (
 )
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
-from pykka_delivery.coordinator.queries import GroupInfo
-from pykka_delivery.coordinator.state import SIMPLE, Activity, Connectivity, Consumer, GroupId
+from pykka_delivery.coordinator.queries import GroupInfo, StreamInfo
+from pykka_delivery.coordinator.state import (
+    SIMPLE,
+    Activity,
+    Connectivity,
+    Consumer,
+    GroupId,
+    StreamId,
+)
 from pykka_delivery.protocol import coordinator_pb2 as pb
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "INVALID_REQUEST",
     "activate_message",
     "command_of",
+    "create_stream_message",
     "deregister_service_message",
     "directory_request_of",
     "goodbye_message",
@@ -53,6 +62,8 @@ __all__ = [
     "register_service_message",
     "reply_message",
     "reply_of",
+    "streams_from_message",
+    "streams_message",
     "unregister_message",
     "unwatch_service_message",
     "update_message",
@@ -110,6 +121,13 @@ def activate_message(
     return pb.ClientMessage(request_id=request_id, activate=activate)
 
 
+def create_stream_message(request_id: int, command: CreateStream) -> pb.ClientMessage:
+    body = pb.CreateStream(
+        namespace=command.namespace, name=command.name, partitions=command.partitions
+    )
+    return pb.ClientMessage(request_id=request_id, create_stream=body)
+
+
 def goodbye_message() -> pb.ClientMessage:
     return pb.ClientMessage(goodbye=pb.Goodbye())
 
@@ -119,13 +137,13 @@ def goodbye_message() -> pb.ClientMessage:
 
 def command_of(
     message: pb.ClientMessage, connection: str, node: str, owner: str
-) -> RegisterConsumer | UnregisterConsumer | ActivateConsumer:
-    """The command a register, unregister or activate message asks for, on behalf of
-    ``connection`` (the stream's hello).
+) -> RegisterConsumer | UnregisterConsumer | ActivateConsumer | CreateStream:
+    """The command a register, unregister, activate or create_stream message asks for,
+    on behalf of ``connection`` (the stream's hello).
 
     Raises:
         ValueError: a field is invalid (the message names it), or the message is not one
-            of those three.
+            of those four.
     """
     kind = message.WhichOneof("body")
     if kind == "register":
@@ -145,7 +163,13 @@ def command_of(
         if a.HasField("subscription_id"):
             return ActivateConsumer(g.namespace, g.stream, g.name, connection, a.subscription_id)
         return ActivateConsumer(g.namespace, g.stream, g.name)
-    msg = f"expected register, unregister or activate, got {kind or 'an empty message'}"
+    if kind == "create_stream":
+        c = message.create_stream
+        return CreateStream(c.namespace, c.name, c.partitions)
+    msg = (
+        f"expected register, unregister, activate or create_stream, "
+        f"got {kind or 'an empty message'}"
+    )
     raise ValueError(msg)
 
 
@@ -318,3 +342,16 @@ def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
         )
         for g in reply.groups
     )
+
+
+def streams_message(streams: tuple[StreamInfo, ...]) -> pb.ListStreamsReply:
+    out = pb.ListStreamsReply()
+    for info in streams:
+        out.streams.add(
+            namespace=info.stream.namespace, name=info.stream.name, partitions=info.partitions
+        )
+    return out
+
+
+def streams_from_message(reply: pb.ListStreamsReply) -> tuple[StreamInfo, ...]:
+    return tuple(StreamInfo(StreamId(s.namespace, s.name), s.partitions) for s in reply.streams)

@@ -67,7 +67,7 @@ from pykka_delivery.coordinator.coordinated_consumer import (
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, unwrap
-from pykka_delivery.partitions.producer import partition_stream, producer_id
+from pykka_delivery.partitions.producer import catalog_partitions, partition_stream, producer_id
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:
@@ -353,6 +353,36 @@ class GroupMember:
             handler=handler,
             **kwargs,
         )
+
+    @classmethod
+    def from_coordinator(
+        cls,
+        client: CoordinatorClient,
+        stream: str,
+        group: str,
+        *,
+        producer: str | Callable[[int], Ref],
+        handler: Callable[[GroupDelivery], None],
+        catalog_namespace: str = "",
+        create_with: int | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> GroupMember:
+        """A member of ``group`` on ``stream`` with the partition count of the
+        coordinator's stream catalog (see
+        `pykka_delivery.partitions.producer.catalog_partitions`: ``create_with`` creates
+        a stream the catalog lacks). ``catalog_namespace`` is the stream's namespace in
+        the catalog (the group's own is ``namespace``, in ``kwargs``); ``timeout`` bounds
+        each catalog request; ``kwargs`` as for the constructor.
+
+        Raises:
+            KeyError, CoordinatorRefused, ...: as ``catalog_partitions``.
+            ValueError, ...: as the constructor.
+        """
+        partitions = catalog_partitions(
+            client, stream, namespace=catalog_namespace, create_with=create_with, timeout=timeout
+        )
+        return cls(client, stream, partitions, group, producer=producer, handler=handler, **kwargs)
 
     # --- state --------------------------------------------------------------------------
 

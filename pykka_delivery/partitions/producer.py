@@ -62,6 +62,8 @@ from pykka_delivery.actors.producer_core import ProducerStats
 from pykka_delivery.actors.producer_handle import Producer
 from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.actors.timers import TimerService
+from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
+from pykka_delivery.coordinator.commands import Refusal
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
@@ -75,6 +77,7 @@ __all__ = [
     "PartitionedProducer",
     "PartitionedProducerSettings",
     "PartitionedProducerStats",
+    "catalog_partitions",
     "partition_stream",
     "producer_id",
 ]
@@ -83,6 +86,51 @@ logger = logging.getLogger("pykka_delivery.partitions")
 
 DurableQueueSource = str | os.PathLike[str] | Callable[[str], DurableProducerQueue]
 """An SQLite file for every (group, partition) queue, or a factory: producer id -> queue."""
+
+
+def catalog_partitions(
+    client: CoordinatorClient,
+    stream: str,
+    *,
+    namespace: str = "",
+    create_with: int | None = None,
+    timeout: float | None = None,
+) -> int:
+    """The partition count of ``stream`` in the coordinator's stream catalog.
+
+    With ``create_with``, a stream the catalog does not have is created with that many
+    partitions first. A stream it has keeps its count (``create_with`` neither grows
+    nor shrinks it: growing is ``client.create_stream`` with the new count, and a running
+    producer or member keeps the count it was built with until it is rebuilt).
+
+    Raises:
+        KeyError: the catalog has no such stream and ``create_with`` is None.
+        ValueError: a bad name or ``create_with``.
+        CoordinatorRefused: ``create_with`` is above the coordinator's ``max_partitions``.
+        ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable, ClosedError: the
+            coordinator could not be asked.
+    """
+    partitions = client.stream_partitions(stream, namespace=namespace, timeout=timeout)
+    if partitions is not None:
+        return partitions
+    if create_with is None:
+        msg = (
+            f"the coordinator has no stream {stream!r} in namespace {namespace!r}: create "
+            f"it (client.create_stream({stream!r}, partitions, namespace={namespace!r}), "
+            f"or pass create_with=partitions)"
+        )
+        raise KeyError(msg)
+    try:
+        client.create_stream(stream, create_with, namespace=namespace, timeout=timeout)
+    except CoordinatorRefused as refused:
+        # Someone created it meanwhile with more partitions: use theirs.
+        if refused.refusal is not Refusal.PARTITIONS_SHRINK:
+            raise
+    partitions = client.stream_partitions(stream, namespace=namespace, timeout=timeout)
+    if partitions is None:  # cannot happen: streams are never deleted
+        msg = f"stream {stream!r} in namespace {namespace!r} vanished after its creation"
+        raise KeyError(msg)
+    return partitions
 
 
 def partition_stream(stream: str, partition: int) -> str:
@@ -232,6 +280,33 @@ class PartitionedProducer:
         declared = config.stream(stream)
         groups = [group.name for group in config.groups_following(stream)]
         return cls(stream, declared.partitions, groups, **kwargs)
+
+    @classmethod
+    def from_coordinator(
+        cls,
+        client: CoordinatorClient,
+        stream: str,
+        groups: Sequence[str],
+        *,
+        catalog_namespace: str = "",
+        create_with: int | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> PartitionedProducer:
+        """The producer of ``stream`` with the partition count of the coordinator's
+        stream catalog (see `catalog_partitions`: ``create_with`` creates a stream the
+        catalog lacks). ``catalog_namespace`` is the stream's namespace in the catalog;
+        ``timeout`` bounds each request to the coordinator; ``kwargs`` as for the
+        constructor.
+
+        Raises:
+            KeyError, CoordinatorRefused, ...: as `catalog_partitions`.
+            ValueError, DurableQueueError: as the constructor.
+        """
+        partitions = catalog_partitions(
+            client, stream, namespace=catalog_namespace, create_with=create_with, timeout=timeout
+        )
+        return cls(stream, partitions, groups, **kwargs)
 
     # --- sending -------------------------------------------------------------------------
 

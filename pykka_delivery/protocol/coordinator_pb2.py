@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)pykka_delivery/protocol/coordinator.proto\x12\x1dpykka_delivery.coordinator.v1\";\n\x08GroupKey\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\";\n\x05Hello\x12\x15\n\rconnection_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\"\x8d\x01\n\x08Register\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x1c\n\x0fpartition_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x12\n\x10_partition_index\"]\n\nUnregister\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\"t\n\x08\x41\x63tivate\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x1c\n\x0fsubscription_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_subscription_id\"\t\n\x07Goodbye\"[\n\x0fRegisterService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fregistration_id\x18\x04 \x01(\x03\"L\n\x11\x44\x65registerService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x17\n\x0fregistration_id\x18\x03 \x01(\x03\".\n\x0cWatchService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"0\n\x0eUnwatchService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\x84\x05\n\rClientMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x35\n\x05hello\x18\x02 \x01(\x0b\x32$.pykka_delivery.coordinator.v1.HelloH\x00\x12;\n\x08register\x18\x03 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.RegisterH\x00\x12?\n\nunregister\x18\x04 \x01(\x0b\x32).pykka_delivery.coordinator.v1.UnregisterH\x00\x12;\n\x08\x61\x63tivate\x18\x05 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.ActivateH\x00\x12\x39\n\x07goodbye\x18\x06 \x01(\x0b\x32&.pykka_delivery.coordinator.v1.GoodbyeH\x00\x12J\n\x10register_service\x18\x07 \x01(\x0b\x32..pykka_delivery.coordinator.v1.RegisterServiceH\x00\x12N\n\x12\x64\x65register_service\x18\x08 \x01(\x0b\x32\x30.pykka_delivery.coordinator.v1.DeregisterServiceH\x00\x12\x44\n\rwatch_service\x18\t \x01(\x0b\x32+.pykka_delivery.coordinator.v1.WatchServiceH\x00\x12H\n\x0funwatch_service\x18\n \x01(\x0b\x32-.pykka_delivery.coordinator.v1.UnwatchServiceH\x00\x42\x06\n\x04\x62ody\"\x04\n\x02Ok\"\x1c\n\nRegistered\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"R\n\x07Refused\x12\x36\n\x06reason\x18\x01 \x01(\x0e\x32&.pykka_delivery.coordinator.v1.Refusal\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xd2\x01\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12/\n\x02ok\x18\x02 \x01(\x0b\x32!.pykka_delivery.coordinator.v1.OkH\x00\x12?\n\nregistered\x18\x03 \x01(\x0b\x32).pykka_delivery.coordinator.v1.RegisteredH\x00\x12\x39\n\x07refused\x18\x04 \x01(\x0b\x32&.pykka_delivery.coordinator.v1.RefusedH\x00\x42\x08\n\x06result\"q\n\x0e\x43onsumerUpdate\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"Z\n\x0cServiceEntry\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nconnection\x18\x02 \x01(\t\x12\x17\n\x0fregistration_id\x18\x03 \x01(\x03\x12\x0c\n\x04node\x18\x04 \x01(\t\"n\n\x0eServiceListing\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12<\n\x07\x65ntries\x18\x03 \x03(\x0b\x32+.pykka_delivery.coordinator.v1.ServiceEntry\"\xd1\x01\n\rServerMessage\x12\x35\n\x05reply\x18\x01 \x01(\x0b\x32$.pykka_delivery.coordinator.v1.ReplyH\x00\x12?\n\x06update\x18\x02 \x01(\x0b\x32-.pykka_delivery.coordinator.v1.ConsumerUpdateH\x00\x12@\n\x07listing\x18\x03 \x01(\x0b\x32-.pykka_delivery.coordinator.v1.ServiceListingH\x00\x42\x06\n\x04\x62ody\"9\n\x11ListGroupsRequest\x12\x16\n\tnamespace\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x0c\n\n_namespace\"\xd8\x01\n\x0e\x43onsumerStatus\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x41\n\x0c\x63onnectivity\x18\x05 \x01(\x0e\x32+.pykka_delivery.coordinator.v1.Connectivity\x12\x39\n\x08\x61\x63tivity\x18\x06 \x01(\x0e\x32\'.pykka_delivery.coordinator.v1.Activity\"\xa0\x01\n\x0bGroupStatus\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fpartition_index\x18\x02 \x01(\x05\x12@\n\tconsumers\x18\x03 \x03(\x0b\x32-.pykka_delivery.coordinator.v1.ConsumerStatus\"M\n\x0fListGroupsReply\x12:\n\x06groups\x18\x01 \x03(\x0b\x32*.pykka_delivery.coordinator.v1.GroupStatus*\xbf\x01\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12$\n REFUSAL_PARTITION_INDEX_CONFLICT\x10\x01\x12\x1b\n\x17REFUSAL_GROUP_NOT_FOUND\x10\x02\x12\x1e\n\x1aREFUSAL_CONSUMER_NOT_FOUND\x10\x03\x12\x1b\n\x17REFUSAL_UNKNOWN_COMMAND\x10\x04\x12\x1b\n\x17REFUSAL_INVALID_REQUEST\x10\x05*\x87\x01\n\x0c\x43onnectivity\x12\x1c\n\x18\x43ONNECTIVITY_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ONNECTIVITY_CONNECTED\x10\x01\x12\x1d\n\x19\x43ONNECTIVITY_DISCONNECTED\x10\x02\x12\x1e\n\x1a\x43ONNECTIVITY_PRESUMED_DOWN\x10\x03*j\n\x08\x41\x63tivity\x12\x18\n\x14\x41\x43TIVITY_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TIVITY_ACTIVE\x10\x01\x12\x14\n\x10\x41\x43TIVITY_WAITING\x10\x02\x12\x19\n\x15\x41\x43TIVITY_DEACTIVATING\x10\x03\x32\xe8\x01\n\x0b\x43oordinator\x12i\n\x07\x43onnect\x12,.pykka_delivery.coordinator.v1.ClientMessage\x1a,.pykka_delivery.coordinator.v1.ServerMessage(\x01\x30\x01\x12n\n\nListGroups\x12\x30.pykka_delivery.coordinator.v1.ListGroupsRequest\x1a..pykka_delivery.coordinator.v1.ListGroupsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)pykka_delivery/protocol/coordinator.proto\x12\x1dpykka_delivery.coordinator.v1\";\n\x08GroupKey\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\";\n\x05Hello\x12\x15\n\rconnection_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\"\x8d\x01\n\x08Register\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x1c\n\x0fpartition_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x12\n\x10_partition_index\"]\n\nUnregister\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\"t\n\x08\x41\x63tivate\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x1c\n\x0fsubscription_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_subscription_id\"\t\n\x07Goodbye\"[\n\x0fRegisterService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fregistration_id\x18\x04 \x01(\x03\"L\n\x11\x44\x65registerService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x17\n\x0fregistration_id\x18\x03 \x01(\x03\".\n\x0cWatchService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"0\n\x0eUnwatchService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"C\n\x0c\x43reateStream\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\"\xca\x05\n\rClientMessage\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x35\n\x05hello\x18\x02 \x01(\x0b\x32$.pykka_delivery.coordinator.v1.HelloH\x00\x12;\n\x08register\x18\x03 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.RegisterH\x00\x12?\n\nunregister\x18\x04 \x01(\x0b\x32).pykka_delivery.coordinator.v1.UnregisterH\x00\x12;\n\x08\x61\x63tivate\x18\x05 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.ActivateH\x00\x12\x39\n\x07goodbye\x18\x06 \x01(\x0b\x32&.pykka_delivery.coordinator.v1.GoodbyeH\x00\x12J\n\x10register_service\x18\x07 \x01(\x0b\x32..pykka_delivery.coordinator.v1.RegisterServiceH\x00\x12N\n\x12\x64\x65register_service\x18\x08 \x01(\x0b\x32\x30.pykka_delivery.coordinator.v1.DeregisterServiceH\x00\x12\x44\n\rwatch_service\x18\t \x01(\x0b\x32+.pykka_delivery.coordinator.v1.WatchServiceH\x00\x12H\n\x0funwatch_service\x18\n \x01(\x0b\x32-.pykka_delivery.coordinator.v1.UnwatchServiceH\x00\x12\x44\n\rcreate_stream\x18\x0b \x01(\x0b\x32+.pykka_delivery.coordinator.v1.CreateStreamH\x00\x42\x06\n\x04\x62ody\"\x04\n\x02Ok\"\x1c\n\nRegistered\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"R\n\x07Refused\x12\x36\n\x06reason\x18\x01 \x01(\x0e\x32&.pykka_delivery.coordinator.v1.Refusal\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xd2\x01\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12/\n\x02ok\x18\x02 \x01(\x0b\x32!.pykka_delivery.coordinator.v1.OkH\x00\x12?\n\nregistered\x18\x03 \x01(\x0b\x32).pykka_delivery.coordinator.v1.RegisteredH\x00\x12\x39\n\x07refused\x18\x04 \x01(\x0b\x32&.pykka_delivery.coordinator.v1.RefusedH\x00\x42\x08\n\x06result\"q\n\x0e\x43onsumerUpdate\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"Z\n\x0cServiceEntry\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nconnection\x18\x02 \x01(\t\x12\x17\n\x0fregistration_id\x18\x03 \x01(\x03\x12\x0c\n\x04node\x18\x04 \x01(\t\"n\n\x0eServiceListing\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12<\n\x07\x65ntries\x18\x03 \x03(\x0b\x32+.pykka_delivery.coordinator.v1.ServiceEntry\"\xd1\x01\n\rServerMessage\x12\x35\n\x05reply\x18\x01 \x01(\x0b\x32$.pykka_delivery.coordinator.v1.ReplyH\x00\x12?\n\x06update\x18\x02 \x01(\x0b\x32-.pykka_delivery.coordinator.v1.ConsumerUpdateH\x00\x12@\n\x07listing\x18\x03 \x01(\x0b\x32-.pykka_delivery.coordinator.v1.ServiceListingH\x00\x42\x06\n\x04\x62ody\"9\n\x11ListGroupsRequest\x12\x16\n\tnamespace\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x0c\n\n_namespace\"\xd8\x01\n\x0e\x43onsumerStatus\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x41\n\x0c\x63onnectivity\x18\x05 \x01(\x0e\x32+.pykka_delivery.coordinator.v1.Connectivity\x12\x39\n\x08\x61\x63tivity\x18\x06 \x01(\x0e\x32\'.pykka_delivery.coordinator.v1.Activity\"\xa0\x01\n\x0bGroupStatus\x12\x36\n\x05group\x18\x01 \x01(\x0b\x32\'.pykka_delivery.coordinator.v1.GroupKey\x12\x17\n\x0fpartition_index\x18\x02 \x01(\x05\x12@\n\tconsumers\x18\x03 \x03(\x0b\x32-.pykka_delivery.coordinator.v1.ConsumerStatus\"M\n\x0fListGroupsReply\x12:\n\x06groups\x18\x01 \x03(\x0b\x32*.pykka_delivery.coordinator.v1.GroupStatus\":\n\x12ListStreamsRequest\x12\x16\n\tnamespace\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x0c\n\n_namespace\"C\n\x0cStreamStatus\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\"P\n\x10ListStreamsReply\x12<\n\x07streams\x18\x01 \x03(\x0b\x32+.pykka_delivery.coordinator.v1.StreamStatus*\x81\x02\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12$\n REFUSAL_PARTITION_INDEX_CONFLICT\x10\x01\x12\x1b\n\x17REFUSAL_GROUP_NOT_FOUND\x10\x02\x12\x1e\n\x1aREFUSAL_CONSUMER_NOT_FOUND\x10\x03\x12\x1b\n\x17REFUSAL_UNKNOWN_COMMAND\x10\x04\x12\x1b\n\x17REFUSAL_INVALID_REQUEST\x10\x05\x12\x1d\n\x19REFUSAL_PARTITIONS_SHRINK\x10\x06\x12!\n\x1dREFUSAL_PARTITIONS_OVER_LIMIT\x10\x07*\x87\x01\n\x0c\x43onnectivity\x12\x1c\n\x18\x43ONNECTIVITY_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ONNECTIVITY_CONNECTED\x10\x01\x12\x1d\n\x19\x43ONNECTIVITY_DISCONNECTED\x10\x02\x12\x1e\n\x1a\x43ONNECTIVITY_PRESUMED_DOWN\x10\x03*j\n\x08\x41\x63tivity\x12\x18\n\x14\x41\x43TIVITY_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43TIVITY_ACTIVE\x10\x01\x12\x14\n\x10\x41\x43TIVITY_WAITING\x10\x02\x12\x19\n\x15\x41\x43TIVITY_DEACTIVATING\x10\x03\x32\xdb\x02\n\x0b\x43oordinator\x12i\n\x07\x43onnect\x12,.pykka_delivery.coordinator.v1.ClientMessage\x1a,.pykka_delivery.coordinator.v1.ServerMessage(\x01\x30\x01\x12n\n\nListGroups\x12\x30.pykka_delivery.coordinator.v1.ListGroupsRequest\x1a..pykka_delivery.coordinator.v1.ListGroupsReply\x12q\n\x0bListStreams\x12\x31.pykka_delivery.coordinator.v1.ListStreamsRequest\x1a/.pykka_delivery.coordinator.v1.ListStreamsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pykka_delivery.protocol.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REFUSAL']._serialized_start=2867
-  _globals['_REFUSAL']._serialized_end=3058
-  _globals['_CONNECTIVITY']._serialized_start=3061
-  _globals['_CONNECTIVITY']._serialized_end=3196
-  _globals['_ACTIVITY']._serialized_start=3198
-  _globals['_ACTIVITY']._serialized_end=3304
+  _globals['_REFUSAL']._serialized_start=3217
+  _globals['_REFUSAL']._serialized_end=3474
+  _globals['_CONNECTIVITY']._serialized_start=3477
+  _globals['_CONNECTIVITY']._serialized_end=3612
+  _globals['_ACTIVITY']._serialized_start=3614
+  _globals['_ACTIVITY']._serialized_end=3720
   _globals['_GROUPKEY']._serialized_start=76
   _globals['_GROUPKEY']._serialized_end=135
   _globals['_HELLO']._serialized_start=137
@@ -57,32 +57,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHSERVICE']._serialized_end=783
   _globals['_UNWATCHSERVICE']._serialized_start=785
   _globals['_UNWATCHSERVICE']._serialized_end=833
-  _globals['_CLIENTMESSAGE']._serialized_start=836
-  _globals['_CLIENTMESSAGE']._serialized_end=1480
-  _globals['_OK']._serialized_start=1482
-  _globals['_OK']._serialized_end=1486
-  _globals['_REGISTERED']._serialized_start=1488
-  _globals['_REGISTERED']._serialized_end=1516
-  _globals['_REFUSED']._serialized_start=1518
-  _globals['_REFUSED']._serialized_end=1600
-  _globals['_REPLY']._serialized_start=1603
-  _globals['_REPLY']._serialized_end=1813
-  _globals['_CONSUMERUPDATE']._serialized_start=1815
-  _globals['_CONSUMERUPDATE']._serialized_end=1928
-  _globals['_SERVICEENTRY']._serialized_start=1930
-  _globals['_SERVICEENTRY']._serialized_end=2020
-  _globals['_SERVICELISTING']._serialized_start=2022
-  _globals['_SERVICELISTING']._serialized_end=2132
-  _globals['_SERVERMESSAGE']._serialized_start=2135
-  _globals['_SERVERMESSAGE']._serialized_end=2344
-  _globals['_LISTGROUPSREQUEST']._serialized_start=2346
-  _globals['_LISTGROUPSREQUEST']._serialized_end=2403
-  _globals['_CONSUMERSTATUS']._serialized_start=2406
-  _globals['_CONSUMERSTATUS']._serialized_end=2622
-  _globals['_GROUPSTATUS']._serialized_start=2625
-  _globals['_GROUPSTATUS']._serialized_end=2785
-  _globals['_LISTGROUPSREPLY']._serialized_start=2787
-  _globals['_LISTGROUPSREPLY']._serialized_end=2864
-  _globals['_COORDINATOR']._serialized_start=3307
-  _globals['_COORDINATOR']._serialized_end=3539
+  _globals['_CREATESTREAM']._serialized_start=835
+  _globals['_CREATESTREAM']._serialized_end=902
+  _globals['_CLIENTMESSAGE']._serialized_start=905
+  _globals['_CLIENTMESSAGE']._serialized_end=1619
+  _globals['_OK']._serialized_start=1621
+  _globals['_OK']._serialized_end=1625
+  _globals['_REGISTERED']._serialized_start=1627
+  _globals['_REGISTERED']._serialized_end=1655
+  _globals['_REFUSED']._serialized_start=1657
+  _globals['_REFUSED']._serialized_end=1739
+  _globals['_REPLY']._serialized_start=1742
+  _globals['_REPLY']._serialized_end=1952
+  _globals['_CONSUMERUPDATE']._serialized_start=1954
+  _globals['_CONSUMERUPDATE']._serialized_end=2067
+  _globals['_SERVICEENTRY']._serialized_start=2069
+  _globals['_SERVICEENTRY']._serialized_end=2159
+  _globals['_SERVICELISTING']._serialized_start=2161
+  _globals['_SERVICELISTING']._serialized_end=2271
+  _globals['_SERVERMESSAGE']._serialized_start=2274
+  _globals['_SERVERMESSAGE']._serialized_end=2483
+  _globals['_LISTGROUPSREQUEST']._serialized_start=2485
+  _globals['_LISTGROUPSREQUEST']._serialized_end=2542
+  _globals['_CONSUMERSTATUS']._serialized_start=2545
+  _globals['_CONSUMERSTATUS']._serialized_end=2761
+  _globals['_GROUPSTATUS']._serialized_start=2764
+  _globals['_GROUPSTATUS']._serialized_end=2924
+  _globals['_LISTGROUPSREPLY']._serialized_start=2926
+  _globals['_LISTGROUPSREPLY']._serialized_end=3003
+  _globals['_LISTSTREAMSREQUEST']._serialized_start=3005
+  _globals['_LISTSTREAMSREQUEST']._serialized_end=3063
+  _globals['_STREAMSTATUS']._serialized_start=3065
+  _globals['_STREAMSTATUS']._serialized_end=3132
+  _globals['_LISTSTREAMSREPLY']._serialized_start=3134
+  _globals['_LISTSTREAMSREPLY']._serialized_end=3214
+  _globals['_COORDINATOR']._serialized_start=3723
+  _globals['_COORDINATOR']._serialized_end=4070
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,8 @@ class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_CONSUMER_NOT_FOUND: _ClassVar[Refusal]
     REFUSAL_UNKNOWN_COMMAND: _ClassVar[Refusal]
     REFUSAL_INVALID_REQUEST: _ClassVar[Refusal]
+    REFUSAL_PARTITIONS_SHRINK: _ClassVar[Refusal]
+    REFUSAL_PARTITIONS_OVER_LIMIT: _ClassVar[Refusal]
 
 class Connectivity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +37,8 @@ REFUSAL_GROUP_NOT_FOUND: Refusal
 REFUSAL_CONSUMER_NOT_FOUND: Refusal
 REFUSAL_UNKNOWN_COMMAND: Refusal
 REFUSAL_INVALID_REQUEST: Refusal
+REFUSAL_PARTITIONS_SHRINK: Refusal
+REFUSAL_PARTITIONS_OVER_LIMIT: Refusal
 CONNECTIVITY_UNSPECIFIED: Connectivity
 CONNECTIVITY_CONNECTED: Connectivity
 CONNECTIVITY_DISCONNECTED: Connectivity
@@ -132,8 +136,18 @@ class UnwatchService(_message.Message):
     key: str
     def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
+class CreateStream(_message.Message):
+    __slots__ = ("namespace", "name", "partitions")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    partitions: int
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+
 class ClientMessage(_message.Message):
-    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service")
+    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service", "create_stream")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +158,7 @@ class ClientMessage(_message.Message):
     DEREGISTER_SERVICE_FIELD_NUMBER: _ClassVar[int]
     WATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_STREAM_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     register: Register
@@ -154,7 +169,8 @@ class ClientMessage(_message.Message):
     deregister_service: DeregisterService
     watch_service: WatchService
     unwatch_service: UnwatchService
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ...) -> None: ...
+    create_stream: CreateStream
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ..., create_stream: _Optional[_Union[CreateStream, _Mapping]] = ...) -> None: ...
 
 class Ok(_message.Message):
     __slots__ = ()
@@ -265,3 +281,25 @@ class ListGroupsReply(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...
+
+class ListStreamsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class StreamStatus(_message.Message):
+    __slots__ = ("namespace", "name", "partitions")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    partitions: int
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class ListStreamsReply(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamStatus]
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamStatus, _Mapping]]] = ...) -> None: ...

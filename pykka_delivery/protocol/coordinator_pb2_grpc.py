@@ -46,6 +46,11 @@ class CoordinatorStub:
                 request_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsReply.FromString,
                 _registered_method=True)
+        self.ListStreams = channel.unary_unary(
+                '/pykka_delivery.coordinator.v1.Coordinator/ListStreams',
+                request_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.SerializeToString,
+                response_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -68,6 +73,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListStreams(self, request, context):
+        """Every stream of the catalog (of a namespace) and its partition count.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +92,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListGroups,
                     request_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsRequest.FromString,
                     response_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsReply.SerializeToString,
+            ),
+            'ListStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStreams,
+                    request_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.FromString,
+                    response_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +155,33 @@ class Coordinator:
             '/pykka_delivery.coordinator.v1.Coordinator/ListGroups',
             pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsRequest.SerializeToString,
             pykka__delivery_dot_protocol_dot_coordinator__pb2.ListGroupsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pykka_delivery.coordinator.v1.Coordinator/ListStreams',
+            pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.SerializeToString,
+            pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.FromString,
             options,
             channel_credentials,
             insecure,
