@@ -32,6 +32,10 @@ Theory of operation:
   unregistered, which hands each partition to the next member at once. A delivery taken
   but not handled, or still in the handler past the grace, stays unconfirmed with the
   producer, for the next member.
+* Growth: `grow` registers the member in the groups of a grown stream's new partitions
+  (the coordinator's modulo rule spreads them as the old ones) and starts their
+  threads; the partitions it had keep flowing. The producer's own `grow` is the barrier
+  that keeps per-key order across the growth.
 * Exactly-once effect across hand-overs, optional: with a deduplication store each
   activation of partition p opens the store for consumer id ``producer_id(stream, p, g)``
   (its position per producer id is the group's progress on that partition), skips what
@@ -265,6 +269,7 @@ class GroupMember:
             namespace,
         )
         self._handler = handler
+        self._client = client
         self._serialization = serialization
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -304,15 +309,8 @@ class GroupMember:
                 with contextlib.suppress(DeliveryError):
                     consumer.close(timeout=settings.registration_timeout)
             raise
-        self._threads = [
-            threading.Thread(
-                target=self._consume,
-                args=(partition,),
-                name=f"group-{group}-{partition_stream(stream, partition)}",
-                daemon=True,
-            )
-            for partition in range(partitions)
-        ]
+        self._grow_lock = threading.Lock()  # one growth at a time
+        self._threads = [self._thread(partition) for partition in range(partitions)]
         for thread in self._threads:
             thread.start()
 
@@ -407,6 +405,80 @@ class GroupMember:
             self.owned(),
         )
 
+    # --- growth ---------------------------------------------------------------------------
+
+    def grow(self, partitions: int) -> bool:
+        """Follow the stream's growth to ``partitions`` partitions: register this member
+        in the group of each new partition (with its partition index, so the
+        coordinator's modulo rule spreads the new partitions over the members as the old
+        ones) and start their threads. The partitions this member had keep flowing,
+        untouched. Every member of the group should grow, after the producer did
+        (`PartitionedProducer.grow`: a new partition's producer exists only from then
+        on).
+
+        Returns:
+            True if the member grew, False if it had that many partitions already.
+
+        Raises:
+            ValueError: ``partitions`` is below the current count (counts never shrink)
+                or not a whole number of 1 or more.
+            ClosedError: this member was closed (before or during the growth; the new
+                partitions' registrations are then withdrawn).
+            DeliveryError: a registration failed (``settings.registration_timeout``);
+                the new partitions registered before it are kept and the count is
+                unchanged past them: call grow again to register the rest.
+        """
+        StreamConfig(self.stream, partitions)
+        with self._grow_lock:
+            old = self.partitions
+            if partitions < old:
+                msg = (
+                    f"GroupMember {self.group!r} of {self.stream!r} cannot shrink from {old} "
+                    f"to {partitions} partitions: counts only grow; give {old} or more"
+                )
+                raise ValueError(msg)
+            for partition in range(old, partitions):
+                self._check_open()
+                consumer = self._join(partition)
+                thread = self._thread(partition)
+                with self._lock:
+                    if not self._closed:
+                        self._handled.append(0)
+                        self._retired.append([])
+                        self._consumers.append(consumer)
+                        self._threads.append(thread)
+                        self.partitions = partition + 1
+                        thread.start()
+                        continue
+                consumer.close(timeout=self.settings.registration_timeout)  # closed meanwhile
+                self._check_open()
+            if partitions > old:
+                logger.info(
+                    "GroupMember %r of %r grew from %d to %d partitions",
+                    self.group,
+                    self.stream,
+                    old,
+                    partitions,
+                )
+            return partitions > old
+
+    def grow_from_catalog(
+        self, *, catalog_namespace: str = "", timeout: float | None = None
+    ) -> bool:
+        """`grow` to the partition count of the coordinator's stream catalog, asked
+        through this member's client; True if it grew. ``timeout`` bounds the catalog
+        request.
+
+        Raises:
+            KeyError: the catalog has no such stream.
+            ValueError, ClosedError, DeliveryError: as `grow`, and as
+                ``client.stream_partitions``.
+        """
+        count = catalog_partitions(
+            self._client, self.stream, namespace=catalog_namespace, timeout=timeout
+        )
+        return self.grow(count)
+
     # --- leaving --------------------------------------------------------------------------
 
     def close(self, grace: float | None = None) -> None:
@@ -448,6 +520,19 @@ class GroupMember:
         self.close()
 
     # --- internals ------------------------------------------------------------------------
+
+    def _thread(self, partition: int) -> threading.Thread:
+        return threading.Thread(
+            target=self._consume,
+            args=(partition,),
+            name=f"group-{self.group}-{partition_stream(self.stream, partition)}",
+            daemon=True,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"GroupMember {self.group!r} of {self.stream!r} is closed"
+            raise ClosedError(msg)
 
     def _producer_ref(
         self, producer: str | Callable[[int], Ref], partition: int, node: Node | None

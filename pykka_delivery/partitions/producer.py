@@ -34,6 +34,11 @@ Theory of operation:
   and each partition is one ordered stream per group; hand-overs resume from the first
   unconfirmed message, so a key's messages are processed in the order they were sent
   (some again after a hand-over, never out of order).
+* Growth: `grow` adds partitions to a running stream behind a barrier: it stops the
+  sends, waits until every message sent so far is confirmed by every group, then opens
+  the new partitions' producers and routes with the new count. A key that moves to a
+  new partition therefore never overtakes its earlier messages on the old one; the cost
+  is a pause of the sends of at most the time to confirm what is in flight.
 * Durable: given a durable queue (an SQLite file, or a factory), each (group, partition)
   producer stores its messages there before sending them; a restarted producer resends
   what no consumer confirmed, with the original seq_nrs (docs/durable.md).
@@ -101,7 +106,7 @@ def catalog_partitions(
     With ``create_with``, a stream the catalog does not have is created with that many
     partitions first. A stream it has keeps its count (``create_with`` neither grows
     nor shrinks it: growing is ``client.create_stream`` with the new count, and a running
-    producer or member keeps the count it was built with until it is rebuilt).
+    producer or member keeps its count until it grows, with ``grow_from_catalog``).
 
     Raises:
         KeyError: the catalog has no such stream and ``create_with`` is None.
@@ -240,28 +245,18 @@ class PartitionedProducer:
         self._router = Router(partitions, start=start, run_length=settings.run_length)
         self._serialization = serialization
         self._node = node
+        self._durable_queue = durable_queue
+        self._timer_service = timer_service
         self._locks = [threading.Lock() for _ in range(partitions)]
         self._sent = [0] * partitions
         self._closed = False
+        self._grow_lock = threading.Lock()  # one growth at a time
         self._owned_queues: list[DurableProducerQueue] = []
         # _producers[p][i]: group groups[i]'s producer of partition p.
         self._producers: list[list[Producer]] = []
         try:
             for partition in range(partitions):
-                row: list[Producer] = []
-                self._producers.append(row)  # closed with the others if one fails
-                for group in groups:
-                    pid = producer_id(stream, partition, group)
-                    row.append(
-                        Producer(
-                            pid,
-                            settings.producer,
-                            serialization=serialization,
-                            timer_service=timer_service,
-                            self_ref_factory=None if node is None else node.expose(pid),
-                            durable_queue=self._open_queue(durable_queue, pid),
-                        )
-                    )
+                self._add_row(partition, self._producers)
         except BaseException:
             self.close()
             raise
@@ -327,12 +322,20 @@ class PartitionedProducer:
                 producer closes itself; the groups before it in `groups` may have the
                 message stored (they will deliver it), the others do not.
         """
-        partition = self._router.route(key)
         wrapped = wrap(message, key, self._serialization)
         deadline = None if timeout is None else time.monotonic() + timeout
-        lock = self._locks[partition]
-        if not lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise self._timeout(partition, None, timeout)
+        while True:
+            router = self._router
+            partition = router.route(key)
+            lock = self._locks[partition]
+            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not lock.acquire(timeout=wait):
+                raise self._timeout(partition, None, timeout)
+            if self._router is router:
+                break
+            # The stream grew while this send waited (`grow` held every lock): the key may
+            # have moved, so route it again with the new partition count.
+            lock.release()
         try:
             self._check_open()
             producers = self._producers[partition]
@@ -362,10 +365,122 @@ class PartitionedProducer:
                 error names a (group, partition) that is behind).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        for row in self._producers:
+        for row in list(self._producers):
             for producer in row:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 producer.wait_confirmed(remaining)
+
+    # --- growth ----------------------------------------------------------------------------
+
+    def grow(self, partitions: int, timeout: float | None = None) -> bool:
+        """Grow the stream to ``partitions`` partitions, keeping every key's order.
+
+        A grown count moves some keys to other partitions (docs/partitions.md, "Growth").
+        A moved key's next message must not be handled before its earlier ones, still on
+        the old partition, so growth is a barrier: it stops every send (taking each
+        partition's send lock), waits until every message sent so far is confirmed by
+        every group, and only then opens every group's producer of each new partition
+        (exposed on the node under its producer id, as the others), and switches the
+        router to the new count. Sends waiting meanwhile then go on, routed with the new
+        count. Its cost: sends pause for at most the time the groups take to confirm
+        what is in flight (a window per (group, partition) at most), plus the opening of
+        the new producers. The new partitions get messages once their consumers
+        registered (the members' `GroupMember.grow`): until then a send to a new
+        partition waits for demand, as with any partition without an active consumer.
+
+        Args:
+            partitions: the new count; the same count is accepted and does nothing.
+            timeout: how long to wait for the send locks and the confirmations, in
+                seconds; None waits as long as it takes.
+
+        Returns:
+            True if the stream grew, False if it had that many partitions already.
+
+        Raises:
+            ValueError: ``partitions`` is below the current count (counts never
+                shrink: keys would move without their earlier messages) or not a
+                whole number of 1 or more.
+            DeliveryTimeout: a send held a partition, or a (group, partition) did not
+                confirm everything, within ``timeout``: nothing changed, sends resume
+                with the old count; call it again.
+            ClosedError: this producer was closed.
+            DurableQueueError: a new partition's durable queue could not be opened:
+                nothing changed (the new producers opened are closed again).
+        """
+        StreamConfig(self.stream, partitions)  # a whole number of 1 or more
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def remaining() -> float:
+            return -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if not self._grow_lock.acquire(timeout=remaining()):
+            msg = (
+                f"PartitionedProducer {self.stream!r}: another grow was still running after "
+                f"{timeout} s; nothing changed"
+            )
+            raise DeliveryTimeout(msg)
+        held: list[threading.Lock] = []
+        try:
+            self._check_open()
+            old = self.partitions
+            if partitions < old:
+                msg = (
+                    f"PartitionedProducer {self.stream!r} cannot shrink from {old} to "
+                    f"{partitions} partitions: counts only grow (a key would move without "
+                    f"its earlier messages); give {old} or more"
+                )
+                raise ValueError(msg)
+            if partitions == old:
+                return False
+            for partition, lock in enumerate(self._locks):
+                if not lock.acquire(timeout=remaining()):
+                    raise self._timeout(partition, None, timeout, growing=True)
+                held.append(lock)
+            self._barrier(deadline, timeout)
+            rows = list(self._producers)
+            try:
+                for partition in range(old, partitions):
+                    self._add_row(partition, rows)
+            except BaseException:
+                self._close_rows(rows[old:])
+                raise
+            self._locks = [*self._locks, *(threading.Lock() for _ in range(old, partitions))]
+            self._sent = [*self._sent, *([0] * (partitions - old))]
+            self._producers = rows
+            self.partitions = partitions
+            self._router = Router(partitions, run_length=self.settings.run_length)
+            if self._closed:  # closed meanwhile: the new producers too
+                self._close_rows(rows[old:])
+            logger.info(
+                "PartitionedProducer %r grew from %d to %d partitions", self.stream, old, partitions
+            )
+            return True
+        finally:
+            for lock in held:
+                lock.release()
+            self._grow_lock.release()
+
+    def grow_from_catalog(
+        self,
+        client: CoordinatorClient,
+        *,
+        catalog_namespace: str = "",
+        timeout: float | None = None,
+    ) -> bool:
+        """`grow` to the partition count of the coordinator's stream catalog (after
+        ``client.create_stream(stream, larger)``); True if the stream grew. Call it from a
+        loop, or when told of a growth, to follow the catalog. ``timeout`` bounds the
+        catalog request and the growth each.
+
+        Raises:
+            KeyError: the catalog has no such stream.
+            ValueError, DeliveryTimeout, ...: as `grow`, and as
+                ``client.stream_partitions``.
+        """
+        count = catalog_partitions(
+            client, self.stream, namespace=catalog_namespace, timeout=timeout
+        )
+        return self.grow(count, timeout)
 
     # --- what the consumers need ----------------------------------------------------------
 
@@ -407,11 +522,7 @@ class PartitionedProducer:
         `wait_confirmed` first, or use a durable queue), withdraw their names from the
         node, and close the durable queues this producer opened from a path. Idempotent."""
         self._closed = True
-        for row in self._producers:
-            for producer in row:
-                producer.close()
-                if self._node is not None:
-                    self._node.unregister(producer.producer_id)
+        self._close_rows(self._producers)
         queues, self._owned_queues = self._owned_queues, []
         for queue in queues:
             with contextlib.suppress(DurableQueueError):  # logged by the queue
@@ -424,6 +535,24 @@ class PartitionedProducer:
         self.close()
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _add_row(self, partition: int, rows: list[list[Producer]]) -> None:
+        """Open every group's producer of ``partition`` and append them to ``rows`` as one
+        row (appended first, so that a failure part way leaves them to be closed)."""
+        row: list[Producer] = []
+        rows.append(row)
+        for group in self.groups:
+            pid = producer_id(self.stream, partition, group)
+            row.append(
+                Producer(
+                    pid,
+                    self.settings.producer,
+                    serialization=self._serialization,
+                    timer_service=self._timer_service,
+                    self_ref_factory=None if self._node is None else self._node.expose(pid),
+                    durable_queue=self._open_queue(self._durable_queue, pid),
+                )
+            )
 
     def _open_queue(
         self, source: DurableQueueSource | None, pid: str
@@ -443,9 +572,44 @@ class PartitionedProducer:
             msg = f"PartitionedProducer {self.stream!r} is closed"
             raise ClosedError(msg)
 
-    def _timeout(self, partition: int, group: str | None, timeout: float | None) -> DeliveryTimeout:
+    def _barrier(self, deadline: float | None, timeout: float | None) -> None:
+        """Wait (every send lock held) until each (group, partition) producer has every
+        message confirmed."""
+        for partition, row in enumerate(self._producers):
+            for index, producer in enumerate(row):
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    producer.wait_confirmed(remaining)
+                except DeliveryTimeout:
+                    msg = (
+                        f"PartitionedProducer {self.stream!r} could not grow: group "
+                        f"{self.groups[index]!r} had not confirmed every message of partition "
+                        f"{partition} within {timeout} s (its active consumer is slow, or "
+                        f"there is none); nothing changed, call grow again"
+                    )
+                    raise DeliveryTimeout(msg) from None
+
+    def _close_rows(self, rows: list[list[Producer]]) -> None:
+        for row in rows:
+            for producer in row:
+                producer.close()
+                if self._node is not None:
+                    self._node.unregister(producer.producer_id)
+
+    def _timeout(
+        self, partition: int, group: str | None, timeout: float | None, *, growing: bool = False
+    ) -> DeliveryTimeout:
+        if growing:
+            msg = (
+                f"PartitionedProducer {self.stream!r} could not grow: a send held partition "
+                f"{partition} for {timeout} s (it waits for demand); nothing changed"
+            )
+            return DeliveryTimeout(msg)
         if group is None:
-            why = "another thread was sending on it all that time"
+            why = (
+                "another thread was sending on it all that time, or the stream was growing "
+                "(grow waits until every message sent before it is confirmed)"
+            )
         else:
             why = (
                 f"group {group!r} had no room (its active consumer of the partition is "
