@@ -393,21 +393,11 @@ class CoordinatorClient:
             CoordinatorUnavailable: the service failed the query.
             ClosedError: the client is closed.
         """
-        self._check_thread()
-        timeout = self.settings.request_timeout if timeout is None else timeout
         request = pb.ListGroupsRequest()
         if namespace is not None:
             request.namespace = namespace
-        query = self._list_groups(request, timeout)
-        try:
-            if self._closed:
-                raise RuntimeError
-            future = asyncio.run_coroutine_threadsafe(query, self._loop)
-        except RuntimeError:  # closed, or closing meanwhile (the loop is closed)
-            query.close()
-            msg = "CoordinatorClient is closed"
-            raise ClosedError(msg) from None
-        return wire.groups_from_message(future.result())
+        reply = self._query("list_groups", "ListGroups", request, timeout)
+        return wire.groups_from_message(reply)
 
     def create_stream(
         self,
@@ -997,8 +987,13 @@ class CoordinatorClient:
                 await asyncio.wait_for(wake.wait(), remaining)
 
     def _query(self, what: str, rpc: str, request: Any, timeout: float | None) -> Any:
-        """Run the unary ``rpc`` (a stub method's name) with ``request`` from the caller's thread
-        and return its reply, with the errors of `list_groups`."""
+        """Run the unary ``rpc`` (a stub method's name) with ``request`` from the caller's
+        thread and return its reply.
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable, ClosedError: as
+                `list_groups` says.
+        """
         self._check_thread()
         timeout = self.settings.request_timeout if timeout is None else timeout
         query = self._unary(what, rpc, request, timeout)
@@ -1027,24 +1022,6 @@ class CoordinatorClient:
                 raise DeliveryTimeout(msg) from None
             msg = f"{what} failed: {code.name}: {error.details()}"
             raise CoordinatorUnavailable(msg) from None
-
-    async def _list_groups(
-        self, request: pb.ListGroupsRequest, timeout: float
-    ) -> pb.ListGroupsReply:
-        try:
-            reply: pb.ListGroupsReply = await self._stub.ListGroups(
-                request, metadata=self._metadata, timeout=timeout, wait_for_ready=True
-            )
-        except grpc.aio.AioRpcError as error:
-            code = error.code()
-            if code in _REJECTIONS:
-                raise ConnectionRejected(code.name, error.details() or "") from None
-            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                msg = f"CoordinatorClient: list_groups got no answer within {timeout} s"
-                raise DeliveryTimeout(msg) from None
-            msg = f"list_groups failed: {code.name}: {error.details()}"
-            raise CoordinatorUnavailable(msg) from None
-        return reply
 
     async def _close(self, goodbye: bool) -> None:
         self._stopping = True
