@@ -217,16 +217,11 @@ class InboxLock:
     _inbox: deque[Any]
     _sleeping: bool
     _caller: int
-
-    def _drain(self) -> None:
-        """Process the inbox (the lock is held); notify ``_changed`` when done."""
-        raise NotImplementedError
-
-    def _check_open(self) -> None:
-        raise NotImplementedError
-
-    def _timeout_message(self, what: str, timeout: float | None) -> str:
-        raise NotImplementedError
+    # What each handle provides: process the inbox with the lock held (and notify
+    # ``_changed``), raise if closed, and word a `DeliveryTimeout`.
+    _drain: Callable[[], None]
+    _check_open: Callable[[], None]
+    _timeout_message: Callable[[str, float | None], str]
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         """With the lock held: wait until ``ready()``, processing what arrives.
@@ -302,14 +297,10 @@ class ProducerEffects:
     _inbox: deque[Any]
     _durable: DurableQueueCalls | None
     _failure: DurableQueueError | None
-
-    def _tell(self, to: Ref, message: Any) -> None:
-        """Carry out a `Send` (each handle knows what it may skip or drop)."""
-        raise NotImplementedError
-
-    def _wake_waiters(self) -> None:
-        """Wake whoever waits for a change (a condition, or futures on a loop)."""
-        raise NotImplementedError
+    # What each handle provides: carry out a `Send` (it knows what it may skip or drop),
+    # and wake whoever waits for a change (a condition, or futures on a loop).
+    _tell: Callable[[Ref, Any], None]
+    _wake_waiters: Callable[[], None]
 
     def _carry_out(self, effects: list[Effect]) -> None:
         """Carry out ``effects`` in order.
