@@ -217,11 +217,32 @@ class InboxLock:
     _inbox: deque[Any]
     _sleeping: bool
     _caller: int
-    # What each handle provides: process the inbox with the lock held (and notify
-    # ``_changed``), raise if closed, and word a `DeliveryTimeout`.
-    _drain: Callable[[], None]
+    _closed: bool
+    # What each handle provides: the effects of one message from the inbox (None: it is
+    # dropped, already logged), carrying effects out, raising if closed, and the wording
+    # of a `DeliveryTimeout`.
+    _effects_of: Callable[[Any], list[Effect] | None]
+    _run: Callable[[list[Effect]], None]
     _check_open: Callable[[], None]
     _timeout_message: Callable[[str, float | None], str]
+
+    def _drain(self) -> None:
+        """With the lock held: process the inbox, then wake whoever waits for a change."""
+        inbox = self._inbox
+        if not inbox:
+            return
+        if self._closed:
+            inbox.clear()  # closed: what the other side says is ignored
+            return
+        while inbox:
+            effects = self._effects_of(inbox.popleft())
+            if effects is None:
+                continue
+            try:
+                self._run(effects)
+            except DurableQueueError:
+                return  # _fail closed the handle; the application's next call raises
+        self._changed.notify_all()
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         """With the lock held: wait until ``ready()``, processing what arrives.

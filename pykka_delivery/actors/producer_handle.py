@@ -303,31 +303,16 @@ class Producer(InboxLock, ProducerEffects):
     def _timeout_message(self, what: str, timeout: float | None) -> str:
         return f"Producer {self.producer_id!r}: no {what} within {timeout} s"
 
-    def _drain(self) -> None:
-        inbox = self._inbox
-        if not inbox:
-            return
-        if self._closed:
-            inbox.clear()  # closed: the consumer side is ignored
-            return
-        core = self._core
-        while inbox:
-            message = inbox.popleft()
-            if type(message) is TimerFired:
-                if self._closed or not self._timers.accept(message):
-                    continue
-                self._run(core.on_timer(message.key))
-            else:
-                try:
-                    effects = core.receive(message)
-                except LocalProtocolError as error:
-                    logger.error("%s", error)
-                    continue
-                try:
-                    self._run(effects)
-                except DurableQueueError:
-                    return  # _fail closed the producer; the application's next call raises
-        self._changed.notify_all()
+    def _effects_of(self, message: Any) -> list[Effect] | None:
+        if type(message) is TimerFired:
+            if self._closed or not self._timers.accept(message):
+                return None
+            return self._core.on_timer(message.key)
+        try:
+            return self._core.receive(message)
+        except LocalProtocolError as error:
+            logger.error("%s", error)
+            return None
 
     def _run(self, effects: list[Effect]) -> None:
         self._caller = threading.get_ident()

@@ -374,40 +374,25 @@ class WorkPullingProducer(InboxLock, ProducerEffects):
             f"{timeout} s ({len(self._core.workers)} workers registered)"
         )
 
-    def _drain(self) -> None:
-        inbox = self._inbox
-        if not inbox:
-            return
-        if self._closed:
-            inbox.clear()  # closed: the workers are ignored
-            return
-        core = self._core
-        while inbox:
-            message = inbox.popleft()
-            if type(message) is TimerFired:
-                if not self._timers.accept(message):
-                    continue
-                if message.key == _CHECK_WORKERS:
-                    # A local registry drops the workers it finds dead and tells us the
-                    # listing, on this thread (queued, and processed by this loop).
-                    self._caller = threading.get_ident()
-                    try:
-                        self._registry.listing(self.worker_service_key)
-                    finally:
-                        self._caller = 0
-                    continue
-                effects = core.on_timer(message.key)
-            else:
+    def _effects_of(self, message: Any) -> list[Effect] | None:
+        if type(message) is TimerFired:
+            if not self._timers.accept(message):
+                return None
+            if message.key == _CHECK_WORKERS:
+                # A local registry drops the workers it finds dead and tells us the
+                # listing, on this thread (queued, and processed by the running drain).
+                self._caller = threading.get_ident()
                 try:
-                    effects = core.receive(message)
-                except LocalProtocolError as error:
-                    logger.error("%s", error)
-                    continue
-            try:
-                self._run(effects)
-            except DurableQueueError:
-                return  # _fail closed the producer; the application's next call raises
-        self._changed.notify_all()
+                    self._registry.listing(self.worker_service_key)
+                finally:
+                    self._caller = 0
+                return None
+            return self._core.on_timer(message.key)
+        try:
+            return self._core.receive(message)
+        except LocalProtocolError as error:
+            logger.error("%s", error)
+            return None
 
     def _run(self, effects: list[Effect]) -> None:
         self._caller = threading.get_ident()
