@@ -138,6 +138,14 @@ class DurableQueueCalls:
         """
         self._call("flush", self.queue.flush)
 
+    def flush_on_stop(self) -> None:
+        """`flush` when the controller stops: a failure is logged, not raised. Only
+        confirmations can be buffered, so what it costs is duplicates after a restart."""
+        try:
+            self.flush()
+        except DurableQueueError as error:
+            _durable_logger.error("%s (confirmations not stored: sent again on restart)", error)
+
     def _call(self, what: str, call: Callable[..., _T], *args: Any) -> _T:
         settings = self._settings
         attempts = settings.durable_queue_retry_attempts

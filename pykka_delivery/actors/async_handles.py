@@ -371,9 +371,7 @@ class AsyncProducer(ProducerEffects):
         self._inbox.clear()
         self._notify()
         if self._durable is not None and self._failure is None:
-            # Logged on failure; confirmations not flushed only cost duplicates on restart.
-            with contextlib.suppress(DurableQueueError):
-                self._durable.flush()
+            self._durable.flush_on_stop()
 
     async def __aenter__(self) -> AsyncProducer:
         return self

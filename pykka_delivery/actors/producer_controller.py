@@ -18,7 +18,6 @@ producer id on the same queue resends what was not confirmed and continues the n
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -129,9 +128,7 @@ class ProducerController(ControllerActor):
     def on_stop(self) -> None:
         super().on_stop()
         if self._durable is not None and not self._failed:
-            # Logged on failure; confirmations not flushed only cost duplicates on restart.
-            with contextlib.suppress(DurableQueueError):
-                self._durable.flush()
+            self._durable.flush_on_stop()
 
     def _run_other(self, effect: Effect) -> bool:
         if self._durable is None or not isinstance(effect, STORE_EFFECTS):

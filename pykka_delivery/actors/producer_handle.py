@@ -15,7 +15,6 @@ mostly from the threads that bring them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -270,9 +269,7 @@ class Producer(InboxLock, ProducerEffects):
             flush = self._durable is not None and self._failure is None
         if flush:
             assert self._durable is not None
-            # Logged on failure; confirmations not flushed only cost duplicates on restart.
-            with contextlib.suppress(DurableQueueError):
-                self._durable.flush()
+            self._durable.flush_on_stop()
 
     def __enter__(self) -> Producer:
         return self

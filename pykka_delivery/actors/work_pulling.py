@@ -206,9 +206,7 @@ class WorkPullingProducerController(ControllerActor):
             self._subscription.cancel()
         super().on_stop()
         if self._durable is not None and not self._failed:
-            # Logged on failure; confirmations not flushed only cost duplicates on restart.
-            with contextlib.suppress(DurableQueueError):
-                self._durable.flush()
+            self._durable.flush_on_stop()
 
     def on_receive(self, message: Any) -> None:
         if self._failed:

@@ -15,7 +15,6 @@ thread hop per message, which on a small machine limits how far adding workers s
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -326,9 +325,7 @@ class WorkPullingProducer(InboxLock, ProducerEffects):
             subscription.cancel()  # outside the lock: a registry may call back
         if flush:
             assert self._durable is not None
-            # Logged on failure; confirmations not flushed only cost duplicates on restart.
-            with contextlib.suppress(DurableQueueError):
-                self._durable.flush()
+            self._durable.flush_on_stop()
 
     def __enter__(self) -> WorkPullingProducer:
         return self

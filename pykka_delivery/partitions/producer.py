@@ -51,7 +51,6 @@ process gathering their messages).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -525,8 +524,10 @@ class PartitionedProducer:
         self._close_rows(self._producers)
         queues, self._owned_queues = self._owned_queues, []
         for queue in queues:
-            with contextlib.suppress(DurableQueueError):  # logged by the queue
+            try:
                 queue.close()
+            except DurableQueueError as error:  # confirmations only: duplicates on restart
+                logger.error("Closing %r failed: %s", queue, error)
 
     def __enter__(self) -> PartitionedProducer:
         return self

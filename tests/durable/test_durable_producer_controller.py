@@ -976,3 +976,23 @@ async def test_async_producer_raises_and_closes_itself_after_the_last_attempt(
     producer.close()
     assert queue.calls["store_message_sent"] == 3
     assert queue.flushes == 0  # failed: nothing trustworthy to flush
+
+
+class FlushFails(MemoryDurableQueue):
+    """A memory queue whose `flush` always fails (buffered confirmations could not be
+    written)."""
+
+    def flush(self) -> None:
+        raise DurableQueueError("disk full")
+
+
+def test_a_queue_that_cannot_flush_on_close_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = ProducerControllerSettings(durable_queue_retry_attempts=2)
+    producer = Producer("p-1", settings, durable_queue=FlushFails())
+    with caplog.at_level(logging.ERROR, "pykka_delivery"):
+        producer.close()  # does not raise
+    assert "flush on durable queue" in caplog.text
+    assert "disk full" in caplog.text
+    assert "sent again on restart" in caplog.text
