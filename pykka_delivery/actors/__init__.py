@@ -40,6 +40,7 @@ from pykka_delivery.actors.durable_queue import (
     MessageSent,
 )
 from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue, SqliteQueueSettings
+from pykka_delivery.actors.fan_in import FanInConsumer, FanInSettings, FanInStats
 from pykka_delivery.actors.messages import (
     CONFIRMED,
     Ack,
@@ -97,6 +98,9 @@ __all__ = [
     "DurableProducerQueue",
     "DurableProducerState",
     "DurableQueueError",
+    "FanInConsumer",
+    "FanInSettings",
+    "FanInStats",
     "LocalServiceRegistry",
     "MemoryDeadLetters",
     "MemoryDedupStore",

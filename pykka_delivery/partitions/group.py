@@ -68,6 +68,7 @@ from pykka_delivery.coordinator.coordinated_consumer import (
     ActivationInterval,
     CoordinatedConsumer,
 )
+from pykka_delivery.coordinator.state import SIMPLE
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, unwrap
@@ -230,6 +231,11 @@ class GroupMember:
         serialization: reads the messages (inside their `KeyedMessage`); default
             `default_serialization`.
         timer_service: for the consumers' timers; default the process-wide one.
+        spread: True (the default): the members share the partitions (the modulo rule
+            above). False: each partition is a simple single-active-consumer group, so
+            the member that registered first consumes every partition and the others
+            stand by, each taking over the partitions of a member that leaves or is lost
+            (the Spark source's standby queries). Every member of a group must agree.
 
     Raises:
         ValueError: a bad name or partition count, or a str ``producer`` without ``node``.
@@ -252,6 +258,7 @@ class GroupMember:
         dedup_store: DedupSource | None = None,
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
+        spread: bool = True,
     ) -> None:
         StreamConfig(stream, partitions)
         GroupConfig(group, (stream,))
@@ -288,7 +295,7 @@ class GroupMember:
                 partition_stream(stream, partition),
                 group,
                 self._producer_ref(producer, partition, node),
-                partition_index=partition,
+                partition_index=partition if spread else SIMPLE,
                 settings=settings.consumer,
                 serialization=serialization,
                 timer_service=timer_service,

@@ -1,0 +1,160 @@
+"""`SinkWorker`: a consumer service's side of the Spark sink.
+
+A consumer service runs one (or more) `SinkWorker`: it registers under the sink's
+``service_key`` in the coordinator's service directory, so every Spark task of a write
+sends it rows when it has demand, and it takes the rows of any number of tasks at once (a
+`FanInConsumer`: one consumer per task). Each message's rows go to the application's
+handler, then the message is confirmed.
+
+Exactly once in effect: a retried Spark task sends its rows again, and the rows a worker
+left unconfirmed when it died go to another worker. With a `SqliteRowLedger` (one file
+shared by the workers of a host) the handler gets only rows never applied before, inside
+the ledger's transaction (its ``connection`` argument): what it writes to that database
+and the mark that the rows were applied commit together, so a row is applied once even
+when a worker dies between the two. Without a ledger, delivery is at least once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pykka_delivery.actors.fan_in import FanInConsumer, FanInSettings
+from pykka_delivery.actors.messages import Delivery
+from pykka_delivery.coordinator.client import CoordinatorClient
+from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry
+from pykka_delivery.spark.ledger import SqliteRowLedger
+from pykka_delivery.spark.rows import SinkRows
+from pykka_delivery.transport import Node
+
+__all__ = ["SinkWorker", "SinkWorkerStats"]
+
+logger = logging.getLogger("pykka_delivery.spark")
+
+RowsHandler = Callable[[SinkRows, sqlite3.Connection | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkWorkerStats:
+    """Counters of a `SinkWorker`.
+
+    Attributes:
+        messages: messages handled and confirmed.
+        rows: rows handed to the handler.
+        duplicate_rows: rows received again (a retried task, another worker's leftovers)
+            and not handed over, because the ledger had them.
+        producers: Spark tasks whose rows this worker received.
+    """
+
+    messages: int
+    rows: int
+    duplicate_rows: int
+    producers: int
+
+
+class SinkWorker:
+    """Receives the rows the Spark sink delivers to ``service_key``.
+
+    ::
+
+        def handle(rows: SinkRows, db: sqlite3.Connection | None) -> None:
+            rows_in = [(r["user"], r["n"]) for r in rows.rows]
+            db.executemany("INSERT INTO clicks VALUES (?, ?)", rows_in)
+
+        worker = SinkWorker(client, node, "clicks", handle, ledger="ledger.sqlite")
+
+    Args:
+        client: this process's connection to the coordinator (the directory).
+        node: this process's transport node; the worker is exposed on it as ``name``.
+        service_key: the sink's ``service_key`` option.
+        handler: called with each message's rows (those not applied before, with a
+            ledger) and the ledger's connection inside its transaction (None without a
+            ledger). An exception rolls the transaction back; the message is handed over
+            again after a backoff (see `FanInSettings`).
+        ledger: a `SqliteRowLedger`, or the path of one this worker opens and closes;
+            None: no deduplication (at least once).
+        namespace: the service directory's namespace (the sink's ``namespace`` option).
+        settings: see `FanInSettings` (windows, idle timeout, handler retries).
+        name: the name the worker is exposed under on ``node``.
+    """
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        node: Node,
+        service_key: str,
+        handler: RowsHandler,
+        *,
+        ledger: SqliteRowLedger | str | os.PathLike[str] | None = None,
+        namespace: str = "",
+        settings: FanInSettings | None = None,
+        name: str | None = None,
+    ) -> None:
+        self._handler = handler
+        self._owns_ledger = ledger is not None and not isinstance(ledger, SqliteRowLedger)
+        self.ledger = (
+            ledger
+            if ledger is None or isinstance(ledger, SqliteRowLedger)
+            else SqliteRowLedger(ledger)
+        )
+        self._lock = threading.Lock()
+        self._messages = self._rows = self._duplicates = 0
+        self._producers: set[str] = set()
+        try:
+            self._consumer = FanInConsumer(
+                self._on_delivery,
+                settings,
+                self_ref_factory=node.expose(name or f"spark-sink-{service_key}"),
+                service_key=service_key,
+                registry=CoordinatorServiceRegistry(client, node.ref, namespace=namespace),
+            )
+        except BaseException:
+            self._close_ledger()
+            raise
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        rows = SinkRows.decode(delivery.message)
+        handed = len(rows.rows)
+        if self.ledger is None:
+            self._handler(rows, None)
+        else:
+            handler = self._handler
+
+            def effect(conn: sqlite3.Connection, new: list[tuple[str, int]]) -> None:
+                if new:
+                    fresh = {row for _, row in new}
+                    kept = [r for i, r in enumerate(rows.rows) if rows.first_row + i in fresh]
+                    handler(SinkRows(rows.producer_id, rows.first_row, kept), conn)
+
+            handed = len(self.ledger.apply_many(rows.keys, effect))
+        with self._lock:
+            self._messages += 1
+            self._rows += handed
+            self._duplicates += len(rows.rows) - handed
+            self._producers.add(rows.producer_id)
+
+    def statistics(self) -> SinkWorkerStats:
+        with self._lock:
+            return SinkWorkerStats(
+                self._messages, self._rows, self._duplicates, len(self._producers)
+            )
+
+    def close(self) -> None:
+        """Leave the directory, let the handlers in progress finish, close (and close the
+        ledger if this worker opened it)."""
+        self._consumer.close()
+        self._close_ledger()
+
+    def _close_ledger(self) -> None:
+        if self._owns_ledger and self.ledger is not None:
+            self.ledger.close()
+
+    def __enter__(self) -> SinkWorker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,164 @@
+"""The Spark sink: DataFrames delivered to consumer services exactly once in effect."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pykka_delivery.coordinator import CoordinatorClient, CoordinatorSettings
+from pykka_delivery.spark import SinkRows, SinkWorker, coordinator_in_driver
+from pykka_delivery.transport import Node
+
+pytestmark = pytest.mark.spark
+
+ROWS = 100_000
+
+
+@pytest.fixture
+def coordinator(spark: Any) -> Iterator[Any]:
+    with coordinator_in_driver(
+        spark, settings=CoordinatorSettings(disconnected_timeout=2.0)
+    ) as hosted:
+        yield hosted
+
+
+class Workers:
+    """Consumer services in this process: ``count`` sink workers with one shared ledger,
+    whose handler stores every row it is given in the ledger's database."""
+
+    def __init__(self, coordinator: Any, key: str, path: Path, count: int = 2) -> None:
+        self.path = path
+        self.node = Node().start()
+        self.client = CoordinatorClient(coordinator.address, node=self.node.address)
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE IF NOT EXISTS got (id INTEGER, producer TEXT, row INTEGER)")
+        self.workers = [
+            SinkWorker(self.client, self.node, key, self.handle, ledger=path, name=f"{key}-{i}")
+            for i in range(count)
+        ]
+
+    @staticmethod
+    def handle(rows: SinkRows, db: sqlite3.Connection | None) -> None:
+        assert db is not None
+        db.executemany(
+            "INSERT INTO got VALUES (?, ?, ?)",
+            [(r["id"], rows.producer_id, rows.first_row + i) for i, r in enumerate(rows.rows)],
+        )
+
+    def ids(self) -> list[int]:
+        with sqlite3.connect(self.path) as db:
+            return [i for (i,) in db.execute("SELECT id FROM got ORDER BY id")]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.client.close()
+        self.node.stop()
+
+
+@pytest.fixture
+def workers(coordinator: Any, tmp_path: Path) -> Iterator[Workers]:
+    found = Workers(coordinator, "rows", tmp_path / "ledger.sqlite")
+    yield found
+    found.close()
+
+
+def test_a_dataframe_is_delivered_exactly_once_in_effect(
+    spark: Any, coordinator: Any, workers: Workers
+) -> None:
+    df = spark.range(ROWS).selectExpr("id", "concat('user-', id % 97) AS user")
+    df.write.format("pykka-delivery").options(
+        **coordinator.options(service_key="rows", timeout=120)
+    ).mode("append").save()
+
+    assert workers.ids() == list(range(ROWS))
+    stats = [w.statistics() for w in workers.workers]
+    assert sum(s.rows for s in stats) == ROWS
+    assert sum(s.duplicate_rows for s in stats) == 0
+    assert all(s.rows > 0 for s in stats), "both workers pulled work"
+
+
+def test_a_task_that_fails_once_is_retried_and_its_rows_are_not_applied_twice(
+    spark: Any, coordinator: Any, workers: Workers
+) -> None:
+    def fail_once(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext  # noqa: PLC0415 (runs in a Spark worker)
+
+        context = TaskContext.get()
+        for batch in batches:
+            if (
+                context.partitionId() == 1
+                and context.attemptNumber() == 0
+                and (batch["id"] >= ROWS * 3 // 4).any()
+            ):
+                raise RuntimeError("made to fail once")
+            yield batch
+
+    df = spark.range(0, ROWS, 1, 2).mapInPandas(fail_once, "id long")
+    df.write.format("pykka-delivery").options(
+        **coordinator.options(service_key="rows", timeout=120, rows_per_message=10)
+    ).mode("append").save()
+
+    assert workers.ids() == list(range(ROWS))
+    duplicates = sum(w.statistics().duplicate_rows for w in workers.workers)
+    assert duplicates > 0, "the failed attempt delivered rows that the retry sent again"
+
+
+def test_arrow_batches_are_delivered_exactly_once(
+    spark: Any, coordinator: Any, workers: Workers
+) -> None:
+    df = spark.range(ROWS // 10)
+    df.write.format("pykka-delivery").options(
+        **coordinator.options(service_key="rows", format="arrow", rows_per_message=500)
+    ).mode("append").save()
+
+    assert workers.ids() == list(range(ROWS // 10))
+
+
+def test_a_streaming_query_delivers_each_micro_batch(
+    spark: Any, coordinator: Any, workers: Workers, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    for part in range(3):
+        lines = "\n".join(f'{{"id": {i}}}' for i in range(part * 1000, (part + 1) * 1000))
+        (source / f"part-{part}.json").write_text(lines + "\n")
+    query = (
+        spark.readStream.schema("id long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("pykka-delivery")
+        .options(**coordinator.options(service_key="rows", timeout=60))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert workers.ids() == list(range(3000))
+    producers = {
+        producer
+        for (producer,) in sqlite3.connect(workers.path).execute(
+            "SELECT DISTINCT producer FROM got"
+        )
+    }
+    assert {p.split("-")[-2] for p in producers} == {"0", "1", "2"}, "one batch id per file"
+
+
+def test_no_worker_fails_the_write_with_a_clear_error(spark: Any, coordinator: Any) -> None:
+    df = spark.range(10)
+    with pytest.raises(Exception, match="no worker with demand"):
+        df.write.format("pykka-delivery").options(
+            **coordinator.options(service_key="nobody", timeout=1)
+        ).mode("append").save()
+
+
+def test_a_missing_option_names_it(spark: Any, coordinator: Any) -> None:
+    with pytest.raises(Exception, match='option "service_key" is required'):
+        spark.range(1).write.format("pykka-delivery").options(**coordinator.options()).mode(
+            "append"
+        ).save()
