@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/p2p_demo.py
 	$(BIN)/python examples/sac_demo.py
+	$(BIN)/python examples/pipeline/run.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .
