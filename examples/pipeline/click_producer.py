@@ -4,10 +4,11 @@ It runs a transport node and a `PartitionedProducer` of stream ``--stream`` foll
 consumer group ``spark`` (the Spark query's source), prints ``READY <address>``, then
 sends ``--count`` click events keyed by user: ``{"user", "page", "ts"}`` with event times
 spread over ``--minutes`` minutes, from a seeded generator (the same run sends the same
-clicks), at ``--rate`` clicks per second. ``send`` waits while the query's window is full or while no query consumes, so
-nothing piles up. It prints ``SENT <n>`` as it goes and, when every click is confirmed by
-the query (in its durable log), writes the clicks per (user, minute) it sent to
-``--expected`` (JSON) and prints ``DONE``; then it waits for SIGTERM.
+clicks), at ``--rate`` clicks per second. ``send`` waits while the query's window is full
+or while no query consumes, so nothing piles up. It prints ``SENT <n>`` as it goes and,
+when the query confirmed every click (each is in its durable log then), writes the clicks
+per (user, minute) it sent to ``--expected`` (JSON) and prints ``DONE``; then it waits
+for SIGTERM.
 
 Run by examples/pipeline/run.py; alone: ``python click_producer.py --stream clicks-web``.
 """

@@ -229,222 +229,235 @@ def ledger_counts(path: Path) -> tuple[int, int]:
     return int(stored), int(distinct)
 
 
+class Pipeline:
+    """One run of the demo: its services, its progress bars, what it observed."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, spark: Any, coordinator: Any) -> None:
+        self.args = args
+        self.work = work
+        self.spark = spark
+        self.coordinator = coordinator
+        self.services: list[Service] = []
+        self.progress = Progress()
+        self.failovers: list[str] = []
+        self.figures: dict[str, Any] = {}
+
+    def service(self, name: str, script: str, *args: str) -> Service:
+        found = Service(name, script, *args)
+        self.services.append(found)
+        return found
+
+    def consumer(self, number: int, ledger: Path) -> Service:
+        return self.service(
+            f"consumer-{number}",
+            "totals_consumer.py",
+            "--coordinator",
+            self.coordinator.address,
+            "--ledger",
+            str(ledger),
+            "--name",
+            f"consumer-{number}",
+            "--work-ms",
+            str(self.args.work_ms),
+        )
+
+    def stage_one(self) -> dict[str, int]:
+        """Producer services -> the streaming query; the query is stopped and started
+        again midway. Returns the clicks per ``user|minute`` Spark counted."""
+        args, work, spark = self.args, self.work, self.spark
+        producers = [
+            self.service(
+                stream,
+                "click_producer.py",
+                "--stream",
+                stream,
+                "--partitions",
+                str(PARTITIONS),
+                "--count",
+                str(args.clicks),
+                "--seed",
+                str(i + 1),
+                "--rate",
+                str(args.rate),
+                "--expected",
+                str(work / f"expected-{stream}.json"),
+            )
+            for i, stream in enumerate(STREAMS)
+        ]
+        for producer in producers:
+            producer.wait_ready()
+        total = args.clicks * len(producers)
+        checkpoint = work / "query-checkpoint"
+        options = self.coordinator.options(
+            streams=",".join(f"{p.name}={p.address}" for p in producers),
+            partitions=PARTITIONS,
+            log_dir=checkpoint / "pykka-delivery",
+            window=200,
+            max_rows_per_batch=4000,
+        )
+        print(
+            f"Stage 1: 2 producer services send {total:,} clicks; a streaming query counts "
+            f"them per user per minute",
+            flush=True,
+        )
+        seen = [0]
+
+        def progress() -> bool:
+            self.progress.set("clicks sent", sum(p.count for p in producers), total)
+            self.progress.set("counted by Spark", seen[0], total)
+            return False
+
+        began = time.monotonic()
+        query = start_query(spark, options, work / "out", checkpoint, seen)
+        wait_for(lambda: progress() or seen[0] >= total * 0.4, "40% of the clicks in Spark")
+        query.stop()
+        self.progress.finish(
+            f"  query stopped with {seen[0]:,} clicks counted; starting it again from its "
+            f"checkpoint"
+        )
+        self.failovers.append(
+            f"streaming query stopped at {seen[0]:,} clicks and restarted from its checkpoint"
+        )
+        query = start_query(spark, options, work / "out", checkpoint, seen)
+        wait_for(
+            lambda: progress() or all(p.done.is_set() for p in producers),
+            "the producers' last confirmations",
+        )
+        query.processAllAvailable()
+        progress()
+        query.stop()
+        seconds = time.monotonic() - began
+        self.progress.finish(f"  stage 1 done in {seconds:.1f} s")
+
+        # Checked against what the producers sent (computed without Spark).
+        from pyspark.sql import functions as f  # noqa: PLC0415
+
+        ids = spark.read.parquet(str(work / "out" / "ids"))
+        counted = ids.count()
+        distinct = ids.select("producer_id", "seq_nr").distinct().count()
+        expected: Counter[str] = Counter()
+        for stream in STREAMS:
+            expected.update(json.loads((work / f"expected-{stream}.json").read_text()))
+        totals = (
+            spark.read.parquet(str(work / "out" / "agg"))
+            .groupBy("user", "minute")
+            .agg(f.sum("clicks").cast("long").alias("clicks"))
+        )
+        totals.write.mode("overwrite").parquet(str(work / "minute_totals"))
+        spark_totals = {
+            f"{r.user}|{r.minute}": r.clicks
+            for r in spark.read.parquet(str(work / "minute_totals")).collect()
+        }
+        self.figures.update(
+            clicks_sent=total,
+            clicks_counted=counted,
+            clicks_lost=total - distinct,
+            clicks_duplicates=counted - distinct,
+            totals_match_producers=spark_totals == dict(expected),
+            stage1_seconds=round(seconds, 2),
+            stage1_msgs_per_s=round(total / seconds),
+        )
+        return spark_totals
+
+    def stage_two(self, spark_totals: dict[str, int]) -> None:
+        """The table of totals -> the sink -> a work-pulling group of consumer services,
+        one of which is killed once a third of the rows are stored, and replaced."""
+        ledger = self.work / "consumers.sqlite"
+        consumers = [self.consumer(i, ledger) for i in range(self.args.consumers)]
+        for consumer in consumers:
+            consumer.wait_ready()
+        rows = len(spark_totals)
+        print(
+            f"Stage 2: the sink delivers {rows:,} per-minute totals to {len(consumers)} "
+            f"consumer services; one is killed midway and replaced",
+            flush=True,
+        )
+        killed: list[str] = []
+        finished = threading.Event()
+
+        def chaos() -> None:
+            while not finished.is_set():
+                stored, _ = ledger_counts(ledger)
+                self.progress.set("totals stored", stored, rows)
+                if not killed and stored >= rows / 3:
+                    consumers[0].kill()
+                    killed.append(consumers[0].name)
+                    consumers.append(self.consumer(len(consumers), ledger))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=chaos, daemon=True)
+        began = time.monotonic()
+        watcher.start()
+        try:
+            table = self.spark.read.parquet(str(self.work / "minute_totals")).repartition(4)
+            table.write.format("pykka-delivery").options(
+                **self.coordinator.options(service_key="minute-totals", timeout=120)
+            ).mode("append").save()
+        finally:
+            finished.set()
+            watcher.join(10)
+        seconds = time.monotonic() - began
+        stored, distinct = ledger_counts(ledger)
+        self.progress.set("totals stored", stored, rows)
+        self.progress.finish(f"  stage 2 done in {seconds:.1f} s")
+        if killed:
+            self.failovers.append(f"{killed[0]} killed (SIGKILL) mid-delivery and replaced")
+        with contextlib.closing(sqlite3.connect(ledger, timeout=30)) as db:
+            delivered = {
+                f"{u}|{m}": c for u, m, c in db.execute("SELECT user, minute, clicks FROM totals")
+            }
+            by_consumer = dict(
+                db.execute("SELECT consumer, count(*) FROM totals GROUP BY consumer")
+            )
+        self.figures.update(
+            totals_sent=rows,
+            totals_stored=stored,
+            totals_lost=rows - distinct,
+            totals_duplicates=stored - distinct,
+            totals_match_spark=delivered == spark_totals,
+            stored_by_consumer=by_consumer,
+            stage2_seconds=round(seconds, 2),
+            stage2_rows_per_s=round(rows / seconds),
+            clicks_delivered=sum(delivered.values()),
+        )
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from pykka_delivery.coordinator import CoordinatorSettings  # noqa: PLC0415
     from pykka_delivery.spark import coordinator_in_driver  # noqa: PLC0415
 
-    figures: dict[str, Any] = {}
-    failovers: list[str] = []
     started = time.monotonic()
     print("Starting Spark (local[2]) and the coordinator in its driver ...", flush=True)
     spark = spark_session()
-    services: list[Service] = []
-    progress = Progress()
+    pipeline: Pipeline | None = None
     try:
         with coordinator_in_driver(
             spark,
             log_path=work / "coordinator.sqlite",
             settings=CoordinatorSettings(disconnected_timeout=2.0),
         ) as coordinator:
-            # --- stage 1: producer services -> streaming query -------------------------
-            producers = [
-                Service(
-                    stream,
-                    "click_producer.py",
-                    "--stream",
-                    stream,
-                    "--partitions",
-                    str(PARTITIONS),
-                    "--count",
-                    str(args.clicks),
-                    "--seed",
-                    str(i + 1),
-                    "--rate",
-                    str(args.rate),
-                    "--expected",
-                    str(work / f"expected-{stream}.json"),
-                )
-                for i, stream in enumerate(STREAMS)
-            ]
-            services += producers
-            for producer in producers:
-                producer.wait_ready()
-            total = args.clicks * len(producers)
-            checkpoint = work / "query-checkpoint"
-            options = coordinator.options(
-                streams=",".join(f"{p.name}={p.address}" for p in producers),
-                partitions=PARTITIONS,
-                log_dir=checkpoint / "pykka-delivery",
-                window=200,
-                max_rows_per_batch=4000,
-            )
-            print(
-                f"Stage 1: 2 producer services send {total:,} clicks; a streaming query "
-                f"counts them per user per minute",
-                flush=True,
-            )
-            seen = [0]
-            stage1 = time.monotonic()
-            query = start_query(spark, options, work / "out", checkpoint, seen)
-
-            def stage1_progress() -> bool:
-                progress.set("clicks sent", sum(p.count for p in producers), total)
-                progress.set("counted by Spark", seen[0], total)
-                return False
-
-            wait_for(
-                lambda: stage1_progress() or seen[0] >= total * 0.4, "40% of the clicks in Spark"
-            )
-            query.stop()
-            progress.finish(
-                f"  query stopped with {seen[0]:,} clicks counted; starting it again from its "
-                f"checkpoint"
-            )
-            failovers.append(
-                f"streaming query stopped at {seen[0]:,} clicks and restarted from its checkpoint"
-            )
-            query = start_query(spark, options, work / "out", checkpoint, seen)
-            wait_for(
-                lambda: stage1_progress() or all(p.done.is_set() for p in producers),
-                "the producers' last confirmations",
-            )
-            query.processAllAvailable()
-            stage1_progress()
-            query.stop()
-            stage1_seconds = time.monotonic() - stage1
-            progress.finish(f"  stage 1 done in {stage1_seconds:.1f} s")
-
-            # --- the checks of stage 1, and the table of totals ------------------------
-            from pyspark.sql import functions as f  # noqa: PLC0415
-
-            ids = spark.read.parquet(str(work / "out" / "ids"))
-            counted = ids.count()
-            distinct = ids.select("producer_id", "seq_nr").distinct().count()
-            expected: Counter[str] = Counter()
-            for stream in STREAMS:
-                expected.update(json.loads((work / f"expected-{stream}.json").read_text()))
-            totals = (
-                spark.read.parquet(str(work / "out" / "agg"))
-                .groupBy("user", "minute")
-                .agg(f.sum("clicks").cast("long").alias("clicks"))
-            )
-            totals.write.mode("overwrite").parquet(str(work / "minute_totals"))
-            table = spark.read.parquet(str(work / "minute_totals")).repartition(4).cache()
-            spark_totals = {f"{r.user}|{r.minute}": r.clicks for r in table.collect()}
-            rows = len(spark_totals)
-            figures.update(
-                clicks_sent=total,
-                clicks_counted=counted,
-                clicks_lost=total - distinct,
-                clicks_duplicates=counted - distinct,
-                totals_match_producers=spark_totals == dict(expected),
-                stage1_seconds=round(stage1_seconds, 2),
-                stage1_msgs_per_s=round(total / stage1_seconds),
-            )
-
-            # --- stage 2: the totals -> consumer services (work pulling) ---------------
-            ledger = work / "consumers.sqlite"
-            consumers = [
-                Service(
-                    f"consumer-{i}",
-                    "totals_consumer.py",
-                    "--coordinator",
-                    coordinator.address,
-                    "--ledger",
-                    str(ledger),
-                    "--name",
-                    f"consumer-{i}",
-                    "--work-ms",
-                    str(args.work_ms),
-                )
-                for i in range(args.consumers)
-            ]
-            services += consumers
-            for consumer in consumers:
-                consumer.wait_ready()
-            print(
-                f"Stage 2: the sink delivers {rows:,} per-minute totals to {len(consumers)} "
-                f"consumer services; one is killed midway and replaced",
-                flush=True,
-            )
-            killed: list[str] = []
-
-            def chaos() -> None:
-                while not finished.is_set():
-                    stored, _ = ledger_counts(ledger)
-                    progress.set("totals stored", stored, rows)
-                    if not killed and stored >= rows / 3:
-                        victim = consumers[0]
-                        victim.kill()
-                        killed.append(victim.name)
-                        replacement = Service(
-                            f"consumer-{len(consumers)}",
-                            "totals_consumer.py",
-                            "--coordinator",
-                            coordinator.address,
-                            "--ledger",
-                            str(ledger),
-                            "--name",
-                            f"consumer-{len(consumers)}",
-                            "--work-ms",
-                            str(args.work_ms),
-                        )
-                        services.append(replacement)
-                        consumers.append(replacement)
-                    time.sleep(0.05)
-
-            finished = threading.Event()
-            watcher = threading.Thread(target=chaos, daemon=True)
-            stage2 = time.monotonic()
-            watcher.start()
+            pipeline = Pipeline(args, work, spark, coordinator)
             try:
-                table.write.format("pykka-delivery").options(
-                    **coordinator.options(service_key="minute-totals", timeout=120)
-                ).mode("append").save()
+                pipeline.stage_two(pipeline.stage_one())
             finally:
-                finished.set()
-                watcher.join(10)
-            stage2_seconds = time.monotonic() - stage2
-            stored, distinct_rows = ledger_counts(ledger)
-            progress.set("totals stored", stored, rows)
-            progress.finish(f"  stage 2 done in {stage2_seconds:.1f} s")
-            if killed:
-                failovers.append(f"{killed[0]} killed (SIGKILL) mid-delivery and replaced")
-            with contextlib.closing(sqlite3.connect(ledger, timeout=30)) as db:
-                delivered = {
-                    f"{u}|{m}": c
-                    for u, m, c in db.execute("SELECT user, minute, clicks FROM totals")
-                }
-                by_consumer = dict(
-                    db.execute("SELECT consumer, count(*) FROM totals GROUP BY consumer")
-                )
-            figures.update(
-                totals_sent=rows,
-                totals_stored=stored,
-                totals_lost=rows - distinct_rows,
-                totals_duplicates=stored - distinct_rows,
-                totals_match_spark=delivered == spark_totals,
-                stored_by_consumer=by_consumer,
-                stage2_seconds=round(stage2_seconds, 2),
-                stage2_rows_per_s=round(rows / stage2_seconds),
-            )
-            clicks_delivered = sum(delivered.values())
-            figures.update(
-                sent=total,
-                received=clicks_delivered,
-                lost=figures["clicks_lost"]
-                + figures["totals_lost"]
-                + max(0, total - clicks_delivered),
-                duplicates=figures["clicks_duplicates"] + figures["totals_duplicates"],
-                failovers=len(failovers),
-                failover_events=failovers,
-                seconds=round(time.monotonic() - started, 1),
-            )
-            stop_services(services)  # while the coordinator is up: they leave cleanly
+                stop_services(pipeline.services)  # while the coordinator is up
     finally:
-        progress.close()
-        stop_services(services)
+        if pipeline is not None:
+            pipeline.progress.close()
+            stop_services(pipeline.services)
         spark.stop()
+    figures = pipeline.figures
+    figures.update(
+        sent=figures["clicks_sent"],
+        received=figures["clicks_delivered"],
+        lost=figures["clicks_lost"]
+        + figures["totals_lost"]
+        + max(0, figures["clicks_sent"] - figures["clicks_delivered"]),
+        duplicates=figures["clicks_duplicates"] + figures["totals_duplicates"],
+        failovers=len(pipeline.failovers),
+        failover_events=pipeline.failovers,
+        seconds=round(time.monotonic() - started, 1),
+    )
     return figures
 
 
@@ -457,31 +470,32 @@ def stop_services(services: list[Service]) -> None:
 
 
 def report(figures: dict[str, Any]) -> None:
+    counted = figures["clicks_sent"] - figures["clicks_lost"]
+    stored = figures["totals_sent"] - figures["totals_lost"]
+    lines = [
+        ("clicks sent by the producer services", f"{figures['clicks_sent']:,}"),
+        ("clicks counted by Spark (distinct)", f"{counted:,}"),
+        (
+            "lost / counted twice in Spark",
+            f"{figures['clicks_lost']} / {figures['clicks_duplicates']}",
+        ),
+        ("per-minute totals equal the producers'", str(figures["totals_match_producers"])),
+        ("stage 1 clicks/s, end to end", f"{figures['stage1_msgs_per_s']:,}"),
+        ("totals delivered through the sink", f"{figures['totals_sent']:,}"),
+        ("stored by the consumers (distinct)", f"{stored:,}"),
+        ("lost / stored twice", f"{figures['totals_lost']} / {figures['totals_duplicates']}"),
+        ("consumers' totals equal Spark's", str(figures["totals_match_spark"])),
+        ("stored per consumer", str(figures["stored_by_consumer"])),
+        ("stage 2 rows/s, end to end", f"{figures['stage2_rows_per_s']:,}"),
+        ("fail-overs observed", str(figures["failovers"])),
+    ]
     print()
     print("Pipeline report")
-    print(f"  clicks sent by the producer services      {figures['clicks_sent']:>10,}")
-    print(
-        f"  clicks counted by Spark (distinct)        {figures['clicks_sent'] - figures['clicks_lost']:>10,}"
-    )
-    print(
-        f"  lost / counted twice in Spark             {figures['clicks_lost']:>5} / {figures['clicks_duplicates']}"
-    )
-    print(f"  per-minute totals equal the producers'    {figures['totals_match_producers']!s:>10}")
-    print(f"  stage 1 clicks/s, end to end              {figures['stage1_msgs_per_s']:>10,}")
-    print(f"  totals delivered through the sink         {figures['totals_sent']:>10,}")
-    print(
-        f"  stored by the consumers (distinct)        {figures['totals_sent'] - figures['totals_lost']:>10,}"
-    )
-    print(
-        f"  lost / stored twice                       {figures['totals_lost']:>5} / {figures['totals_duplicates']}"
-    )
-    print(f"  consumers' totals equal Spark's           {figures['totals_match_spark']!s:>10}")
-    print(f"  stored per consumer                       {figures['stored_by_consumer']}")
-    print(f"  stage 2 rows/s, end to end                {figures['stage2_rows_per_s']:>10,}")
-    print(f"  fail-overs observed                       {figures['failovers']:>10}")
+    for label, value in lines:
+        print(f"  {label:<40}{value:>12}")
     for event in figures["failover_events"]:
         print(f"    - {event}")
-    print(f"  total time                                {figures['seconds']:>9} s")
+    print(f"  {'total time':<40}{figures['seconds']:>10} s")
 
 
 def main() -> None:
