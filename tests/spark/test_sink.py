@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from pykka_delivery.coordinator import CoordinatorClient, CoordinatorSettings
 from pykka_delivery.spark import SinkRows, SinkWorker, coordinator_in_driver
 from pykka_delivery.transport import Node
+from tests.transport.procs import Proc
 
 pytestmark = pytest.mark.spark
 
@@ -162,3 +165,66 @@ def test_a_missing_option_names_it(spark: Any, coordinator: Any) -> None:
         spark.range(1).write.format("pykka-delivery").options(**coordinator.options()).mode(
             "append"
         ).save()
+
+
+def test_a_worker_killed_mid_write_loses_nothing_and_nothing_is_applied_twice(
+    spark: Any, coordinator: Any, tmp_path: Path
+) -> None:
+    """Two worker processes; once a third of the rows are stored, one is SIGKILLed and a
+    new one joins. The rows the killed worker held unconfirmed go to the others; those it
+    had stored are recognised by the ledger."""
+    rows = 30_000
+    ledger = tmp_path / "ledger.sqlite"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE got (id INTEGER, producer TEXT, row INTEGER, worker TEXT)")
+
+    def worker(name: str) -> Proc:
+        return Proc(
+            name,
+            [
+                str(Path(__file__).with_name("sink_worker_proc.py")),
+                "--coordinator", coordinator.address,
+                "--ledger", str(ledger),
+                "--key", "killed",
+                "--name", name,
+                "--sleep-ms", "2",
+            ],
+        )  # fmt: skip
+
+    def stored() -> int:
+        with contextlib.closing(sqlite3.connect(ledger, timeout=30)) as db:
+            return int(db.execute("SELECT count(*) FROM got").fetchone()[0])
+
+    procs = [worker("w0"), worker("w1")]
+    killed_at: list[int] = []
+    done = threading.Event()
+
+    def kill_one() -> None:
+        while not done.wait(0.05):
+            count = stored()
+            if count >= rows // 3:
+                procs[0].kill()
+                killed_at.append(count)
+                procs.append(worker("w2"))
+                return
+
+    try:
+        for proc in procs:
+            proc.ready(60)
+        killer = threading.Thread(target=kill_one, daemon=True)
+        killer.start()
+        spark.range(rows).write.format("pykka-delivery").options(
+            **coordinator.options(service_key="killed", timeout=120, rows_per_message=10)
+        ).mode("append").save()
+        done.set()
+        killer.join(10)
+        with contextlib.closing(sqlite3.connect(ledger)) as db:
+            ids = [i for (i,) in db.execute("SELECT id FROM got ORDER BY id")]
+            by_worker = dict(db.execute("SELECT worker, count(*) FROM got GROUP BY worker"))
+    finally:
+        done.set()
+        for proc in procs:
+            proc.kill()
+    assert killed_at and killed_at[0] < rows, "a worker was killed mid-write"
+    assert ids == list(range(rows)), "every row stored once"
+    assert by_worker.get("w0", 0) > 0
