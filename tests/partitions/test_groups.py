@@ -537,6 +537,29 @@ def test_a_second_member_takes_only_the_partitions_the_modulo_rule_moves(world: 
     check_no_overlap({"m1": first, "m2": second}, 8)
 
 
+def test_without_spread_the_first_member_takes_every_partition_and_the_next_stands_by(
+    world: World,
+) -> None:
+    """spread=False (the Spark source's standby queries): every partition is a simple
+    group, so the first member consumes all of them, the second none; when the first
+    leaves, the second takes every partition and goes on from what was unconfirmed."""
+    producer = world.producer(4, ["billing"])
+    first = world.join(world.process("m1"), "billing", 4, spread=False)
+    second = world.join(world.process("m2"), "billing", 4, spread=False)
+    world.send(producer, 2000, rate=3000)
+    wait_until(lambda: world.ledger.handled("billing") >= 500, "the first member to consume")
+    assert first.owned() == {0, 1, 2, 3}
+    assert second.owned() == frozenset()
+
+    first.close()
+    wait_until(lambda: second.owned() == {0, 1, 2, 3}, "the standby to take every partition")
+    wait_until(lambda: world.ledger.handled("billing") >= 2000, "every message")
+    world.wait_sent()
+    report = check_group(world.ledger.of("billing"), 4, 2000, KEYS)
+    assert all(report.runs[p] == ["m1", "m2"] for p in range(4))
+    check_no_overlap({"m1": first, "m2": second}, 4)
+
+
 def test_two_groups_on_one_stream_each_get_every_message(world: World) -> None:
     producer = world.producer(4, ["billing", "audit"])
     one, two = world.process("m1"), world.process("m2")
