@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/coordinator.py
 	$(BIN)/python bench/durable.py
 	$(BIN)/python bench/partitions.py
+	$(BIN)/python bench/spark.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -57,8 +57,6 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
-    DataSourceStreamWriter,
-    DataSourceWriter,
     WriterCommitMessage,
 )
 
@@ -68,8 +66,6 @@ from pykka_delivery.spark._process import Options, connections
 from pykka_delivery.spark.rows import arrow_rows, json_rows
 
 __all__ = [
-    "DeliveryArrowWriter",
-    "DeliveryStreamArrowWriter",
     "DeliveryStreamWriter",
     "DeliveryWriter",
     "SinkCommit",
@@ -132,26 +128,25 @@ class SinkCommit(WriterCommitMessage):
     seconds: float
 
 
-def _messages(settings: SinkSettings, producer_id: str, rows: Iterator[Any]) -> Iterator[Any]:
-    """The rows of a task as `SparkRows` messages, numbered from 0."""
+def _messages(settings: SinkSettings, producer_id: str, batches: Iterator[Any]) -> Iterator[Any]:
+    """A task's rows, which Spark hands over as Arrow record batches, as `SparkRows`
+    messages numbered from 0. JSON rows come from ``to_pylist`` (Arrow's own conversion,
+    cheaper than Spark building a `Row` per row)."""
     per = settings.rows_per_message
     first = 0
-    if settings.format == "arrow":
-        for batch in rows:  # pyarrow.RecordBatch
+    arrow = settings.format == "arrow"
+    for batch in batches:  # pyarrow.RecordBatch
+        if arrow:
             for offset in range(0, batch.num_rows, per):
                 part = batch.slice(offset, per)
                 yield arrow_rows(producer_id, first, part)
                 first += part.num_rows
-        return
-    names: list[str] | None = None
-    while True:
-        chunk = list(itertools.islice(rows, per))
-        if not chunk:
-            return
-        if names is None:
-            names = list(chunk[0].__fields__)
-        yield json_rows(producer_id, first, [dict(zip(names, row, strict=True)) for row in chunk])
-        first += len(chunk)
+            continue
+        records = batch.to_pylist()
+        for offset in range(0, len(records), per):
+            chunk = records[offset : offset + per]
+            yield json_rows(producer_id, first, chunk)
+            first += len(chunk)
 
 
 def deliver_rows(
@@ -247,8 +242,9 @@ def _report(kind: str, name: str, messages: list[WriterCommitMessage | None], fa
     )
 
 
-class DeliveryWriter(DataSourceWriter):
-    """The batch writer: each task delivers its partition's rows (`deliver_rows`)."""
+class DeliveryWriter(DataSourceArrowWriter):
+    """The batch writer: each task delivers its partition's rows (`deliver_rows`). Spark
+    hands them over as Arrow record batches whatever the row format."""
 
     def __init__(self, settings: SinkSettings, write_id: str) -> None:
         self.settings = settings
@@ -265,11 +261,7 @@ class DeliveryWriter(DataSourceWriter):
         _report("write", self.write_id, messages, failed=True)
 
 
-class DeliveryArrowWriter(DeliveryWriter, DataSourceArrowWriter):
-    """The batch writer of ``format="arrow"``: Spark hands it Arrow record batches."""
-
-
-class DeliveryStreamWriter(DataSourceStreamWriter):
+class DeliveryStreamWriter(DataSourceStreamArrowWriter):
     """The streaming writer: each micro-batch's tasks deliver their rows, with producer
     ids ``<query id>-<batch id>-<partition>``."""
 
@@ -294,15 +286,9 @@ class DeliveryStreamWriter(DataSourceStreamWriter):
         _report("micro-batch", str(batchId), messages, failed=True)
 
 
-class DeliveryStreamArrowWriter(DeliveryStreamWriter, DataSourceStreamArrowWriter):
-    """The streaming writer of ``format="arrow"``."""
-
-
 def sink_writer(options: Options, *, streaming: bool) -> Any:
     """The writer Spark asks the data source for."""
     settings = SinkSettings.parse(options)
-    arrow = settings.format == "arrow"
     if streaming:
-        return DeliveryStreamArrowWriter(settings) if arrow else DeliveryStreamWriter(settings)
-    write_id = options.text("write_id", str(uuid.uuid4()))
-    return DeliveryArrowWriter(settings, write_id) if arrow else DeliveryWriter(settings, write_id)
+        return DeliveryStreamWriter(settings)
+    return DeliveryWriter(settings, options.text("write_id", str(uuid.uuid4())))
