@@ -1,11 +1,13 @@
 """The sink's payload: DataFrame rows in `SparkRows` messages (protocol/spark.proto).
 
 Every Spark task of a write is one producer. It numbers the rows it reads from 0, in the
-order Spark hands them over, and sends them ``count`` at a time: one row per message by
-default (``format="json"``), or a whole Arrow record batch per message
-(``format="arrow"``, for throughput). ``(producer_id, first_row)`` names a message
-across attempts of the task, since a retried task reads the same rows in the same order
-(Spark's contract for deterministic plans) and gets the same producer id.
+order Spark hands them over, and sends them ``count`` at a time: JSON rows, 100 per
+message by default (``format="json"``; ``rows_per_message=1`` for one row per message),
+or Arrow record batches (``format="arrow"``, 1000 rows per message).
+``(producer_id, first_row)`` names a message across attempts of the task, since a retried
+task reads the same rows in the same order (Spark's contract for deterministic plans) and
+gets the same producer id; row ``first_row + i`` of it is named
+``(producer_id, first_row + i)``.
 
 JSON rows: one object per row, column name to value. Values that JSON has no type for are
 written as text: timestamps and dates in ISO 8601, decimals as their exact digits, binary

@@ -34,7 +34,7 @@ option                 default   meaning
 ``service_key``        required  the key the consumer services registered under
 ``namespace``          ``""``    the service directory's namespace
 ``format``             ``json``  ``json``: one JSON object per row; ``arrow``: Arrow batches
-``rows_per_message``   1 / 1000  rows per message (json / arrow)
+``rows_per_message``   100/1000  rows per message (json / arrow); 1 for one row per message
 ``send_batch``         500       messages handed to the producer at once
 ``timeout``            600       seconds a task waits for a worker's demand, and for the last
                                  confirmations
@@ -100,7 +100,7 @@ class SinkSettings:
             namespace=options.text("namespace", ""),
             format=format_,
             rows_per_message=options.integer(
-                "rows_per_message", 1 if format_ == "json" else 1000, 1, 1_000_000
+                "rows_per_message", 100 if format_ == "json" else 1000, 1, 1_000_000
             ),
             send_batch=options.integer("send_batch", 500, 1, 100_000),
             timeout=options.seconds("timeout", 600.0),

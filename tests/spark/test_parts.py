@@ -102,7 +102,7 @@ def sink(**options: Any) -> SinkSettings:
 
 def test_sink_options_have_documented_defaults() -> None:
     settings = sink(coordinator="127.0.0.1:7000", service_key="k")
-    assert (settings.format, settings.rows_per_message, settings.send_batch) == ("json", 1, 500)
+    assert (settings.format, settings.rows_per_message, settings.send_batch) == ("json", 100, 500)
     assert settings.timeout == 600.0
     assert sink(coordinator="h:1", service_key="k", format="ARROW").rows_per_message == 1000
 
