@@ -18,6 +18,7 @@ import os
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +93,63 @@ def use_wal(conn: sqlite3.Connection, synchronous: str, *, exclusive: bool = Fal
         conn.execute("BEGIN EXCLUSIVE")
         conn.execute("COMMIT")
     conn.execute(f"PRAGMA synchronous={synchronous}")
+
+
+def open_wal(
+    path: str | os.PathLike[str],
+    *,
+    busy_timeout: float,
+    synchronous: str,
+    prepare: Callable[[sqlite3.Connection], None],
+    error: Callable[[sqlite3.Error], Exception],
+) -> sqlite3.Connection:
+    """A store's connection: `connect`, `use_wal`, then ``prepare`` (its schema). On any
+    failure the connection is closed; an SQLite error is raised as ``error(it)``, the
+    store's own exception."""
+    conn = connect(path, busy_timeout=busy_timeout)
+    try:
+        try:
+            use_wal(conn, synchronous)
+            prepare(conn)
+        except sqlite3.Error as failure:
+            raise error(failure) from failure
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def create_versioned(
+    conn: sqlite3.Connection,
+    schema: str,
+    *,
+    component: str,
+    version: int,
+    what: str,
+    refuse: Callable[[str], Exception],
+) -> None:
+    """In ``conn``'s open transaction: refuse a file whose ``component`` has a newer
+    schema version than ``version`` (raising ``refuse(message)``, the message naming
+    ``what``: the store and its file), create the tables of
+    ``schema`` and record the version. Several components may share one file (the
+    ``schema_version`` table has a row each). Statement by statement: ``executescript``
+    would commit the open transaction."""
+    has_versions = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if has_versions:
+        row = conn.execute(
+            "SELECT version FROM schema_version WHERE component = ?", (component,)
+        ).fetchone()
+        if row is not None and row[0] > version:
+            raise refuse(newer_schema_message(what, row[0], version))
+    for statement in schema.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute(
+        "INSERT OR IGNORE INTO schema_version (component, version) VALUES (?, ?)",
+        (component, version),
+    )
 
 
 def classify(error: sqlite3.Error) -> Literal["locked", "unreadable", "other"]:

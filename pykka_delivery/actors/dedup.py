@@ -323,42 +323,26 @@ class SqliteDedupStore:
         return lock
 
     def _open(self) -> sqlite3.Connection:
-        conn = _sqlite.connect(self.path, busy_timeout=self.settings.busy_timeout)
-        try:
-            try:
-                _sqlite.use_wal(conn, self.settings.synchronous.upper())
-                self._prepare(conn)
-            except sqlite3.Error as error:
-                raise self._error("cannot be opened", error) from error
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return _sqlite.open_wal(
+            self.path,
+            busy_timeout=self.settings.busy_timeout,
+            synchronous=self.settings.synchronous.upper(),
+            prepare=self._prepare,
+            error=lambda error: self._error("cannot be opened", error),
+        )
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Refuse a newer schema, create the tables: one transaction, so that two openers
         of a new file do not both create them."""
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            has_versions = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-            ).fetchone()
-            if has_versions:
-                row = conn.execute(
-                    "SELECT version FROM schema_version WHERE component = ?", (SCHEMA_COMPONENT,)
-                ).fetchone()
-                if row is not None and row[0] > SCHEMA_VERSION:
-                    what = f"dedup store {self.path}"
-                    raise DedupStoreError(
-                        _sqlite.newer_schema_message(what, row[0], SCHEMA_VERSION)
-                    )
-            # Statement by statement: executescript would commit the open transaction.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO schema_version (component, version) VALUES (?, ?)",
-                (SCHEMA_COMPONENT, SCHEMA_VERSION),
+            _sqlite.create_versioned(
+                conn,
+                _SCHEMA,
+                component=SCHEMA_COMPONENT,
+                version=SCHEMA_VERSION,
+                what=f"dedup store {self.path}",
+                refuse=DedupStoreError,
             )
 
     def _error(self, doing: str, error: sqlite3.Error) -> DedupStoreError:

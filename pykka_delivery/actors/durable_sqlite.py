@@ -395,26 +395,13 @@ class SqliteDurableQueue:
     def _prepare(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            has_versions = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-            ).fetchone()
-            if has_versions:
-                row = conn.execute(
-                    "SELECT version FROM schema_version WHERE component = ?",
-                    (SCHEMA_COMPONENT,),
-                ).fetchone()
-                if row is not None and row[0] > SCHEMA_VERSION:
-                    msg = _sqlite.newer_schema_message(
-                        f"durable queue {self.path}", row[0], SCHEMA_VERSION
-                    )
-                    raise DurableQueueError(msg)
-            # Statement by statement: executescript would commit the open transaction.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO schema_version (component, version) VALUES (?, ?)",
-                (SCHEMA_COMPONENT, SCHEMA_VERSION),
+            _sqlite.create_versioned(
+                conn,
+                _SCHEMA,
+                component=SCHEMA_COMPONENT,
+                version=SCHEMA_VERSION,
+                what=f"durable queue {self.path}",
+                refuse=DurableQueueError,
             )
             conn.execute(
                 "INSERT OR IGNORE INTO producer (producer_id, current_seq_nr,"

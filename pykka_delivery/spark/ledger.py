@@ -96,39 +96,26 @@ class SqliteRowLedger:
         return f"SqliteRowLedger({str(self.path)!r})"
 
     def _open(self) -> sqlite3.Connection:
-        conn = _sqlite.connect(self.path, busy_timeout=self.busy_timeout)
-        try:
-            try:
-                _sqlite.use_wal(conn, self._synchronous)
-                self._prepare(conn)
-            except sqlite3.Error as error:
-                raise self._error("cannot be opened", error) from error
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return _sqlite.open_wal(
+            self.path,
+            busy_timeout=self.busy_timeout,
+            synchronous=self._synchronous,
+            prepare=self._prepare,
+            error=lambda error: self._error("cannot be opened", error),
+        )
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Refuse a newer schema, create the tables: one transaction, so that processes
         opening a new file together do not both create them."""
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            has_versions = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-            ).fetchone()
-            if has_versions:
-                row = conn.execute(
-                    "SELECT version FROM schema_version WHERE component = ?", (SCHEMA_COMPONENT,)
-                ).fetchone()
-                if row is not None and row[0] > SCHEMA_VERSION:
-                    what = f"row ledger {self.path}"
-                    raise LedgerError(_sqlite.newer_schema_message(what, row[0], SCHEMA_VERSION))
-            for statement in _SCHEMA.split(";"):  # executescript would commit
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO schema_version (component, version) VALUES (?, ?)",
-                (SCHEMA_COMPONENT, SCHEMA_VERSION),
+            _sqlite.create_versioned(
+                conn,
+                _SCHEMA,
+                component=SCHEMA_COMPONENT,
+                version=SCHEMA_VERSION,
+                what=f"row ledger {self.path}",
+                refuse=LedgerError,
             )
 
     def _error(self, doing: str, error: sqlite3.Error) -> LedgerError:

@@ -242,18 +242,13 @@ class PartitionLog:
         return lock
 
     def _open(self) -> sqlite3.Connection:
-        conn = _sqlite.connect(self.path, busy_timeout=self.settings.busy_timeout)
-        try:
-            try:
-                self._check_version(conn)
-                _sqlite.use_wal(conn, self.settings.synchronous.upper())
-                self._prepare(conn)
-            except sqlite3.Error as error:
-                raise self._error("cannot be opened", error) from error
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return _sqlite.open_wal(
+            self.path,
+            busy_timeout=self.settings.busy_timeout,
+            synchronous=self.settings.synchronous.upper(),
+            prepare=self._prepare,
+            error=lambda error: self._error("cannot be opened", error),
+        )
 
     def _check_version(self, conn: sqlite3.Connection) -> None:
         version: int = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -264,6 +259,7 @@ class PartitionLog:
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Create the tables and the meta row, or check that the file is this partition's,
         and read where the log starts and ends."""
+        self._check_version(conn)
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             for statement in _SCHEMA.split(";"):  # executescript would commit
