@@ -188,7 +188,8 @@ def deliver_rows(
         stats = producer.statistics()
         logger.error(
             "Spark sink task %r (partition %d) failed after sending %d rows in %d messages, "
-            "%d messages confirmed: the rest were not delivered",
+            "%d messages confirmed; the others may or may not have reached a worker, and a "
+            "retry of the task sends them again under the same names",
             producer_id,
             partition,
             rows_sent,
@@ -211,6 +212,10 @@ def deliver_rows(
     return SinkCommit(producer_id, partition, rows_sent, messages_sent, seconds)
 
 
+_AGAIN_BATCH = "Save again with option write_id set to this write's id"
+_AGAIN_STREAM = "Restart the query from its checkpoint (Spark runs the batch again)"
+
+
 def _task() -> Any:
     from pyspark import TaskContext  # noqa: PLC0415 (Spark's rule: import in tasks)
 
@@ -221,7 +226,9 @@ def _task() -> Any:
     return context
 
 
-def _report(kind: str, name: str, messages: list[WriterCommitMessage | None], failed: bool) -> None:
+def _report(
+    kind: str, name: str, messages: list[WriterCommitMessage | None], failed: bool, again: str
+) -> None:
     delivered = [m for m in messages if isinstance(m, SinkCommit)]
     rows = sum(m.rows for m in delivered)
     if not failed:
@@ -232,13 +239,14 @@ def _report(kind: str, name: str, messages: list[WriterCommitMessage | None], fa
     missing = [i for i, m in enumerate(messages) if not isinstance(m, SinkCommit)]
     logger.error(
         "Spark sink %s %s aborted: partitions %s delivered all their rows (%d); partitions "
-        "%s did not confirm all theirs, some of which may have reached the workers. Run it "
-        "again with the same id to deliver the rest without duplicates",
+        "%s did not confirm all theirs, some of which may have reached the workers. %s to "
+        "deliver the rest without duplicates",
         kind,
         name,
         [m.partition for m in delivered],
         rows,
         missing,
+        again,
     )
 
 
@@ -255,10 +263,10 @@ class DeliveryWriter(DataSourceArrowWriter):
         return deliver_rows(self.settings, f"{self.write_id}-{partition}", partition, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _report("write", self.write_id, messages, failed=False)
+        _report("write", self.write_id, messages, False, _AGAIN_BATCH)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _report("write", self.write_id, messages, failed=True)
+        _report("write", self.write_id, messages, True, _AGAIN_BATCH)
 
 
 class DeliveryStreamWriter(DataSourceStreamArrowWriter):
@@ -280,10 +288,10 @@ class DeliveryStreamWriter(DataSourceStreamArrowWriter):
         return deliver_rows(self.settings, producer_id, partition, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _report("micro-batch", str(batchId), messages, failed=False)
+        _report("micro-batch", str(batchId), messages, False, _AGAIN_STREAM)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _report("micro-batch", str(batchId), messages, failed=True)
+        _report("micro-batch", str(batchId), messages, True, _AGAIN_STREAM)
 
 
 def sink_writer(options: Options, *, streaming: bool) -> Any:
