@@ -228,3 +228,38 @@ def test_a_worker_killed_mid_write_loses_nothing_and_nothing_is_applied_twice(
     assert killed_at and killed_at[0] < rows, "a worker was killed mid-write"
     assert ids == list(range(rows)), "every row stored once"
     assert by_worker.get("w0", 0) > 0
+
+
+def test_a_failed_write_saved_again_with_its_write_id_delivers_the_rest_once(
+    spark: Any, coordinator: Any, workers: Workers
+) -> None:
+    """Partition 1 fails on every attempt, after some of its rows went out: the write
+    fails (partition 0 delivered all its rows). Saved again with the same ``write_id``,
+    the tasks have the same producer ids and row numbers, so the ledger takes only the
+    rows it lacks."""
+
+    def always_fail_late(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext  # noqa: PLC0415 (runs in a Spark worker)
+
+        partition = TaskContext.get().partitionId()
+        for batch in batches:
+            if partition == 1 and (batch["id"] >= ROWS * 3 // 4).any():
+                raise RuntimeError("made to fail")
+            yield batch
+
+    def save(frame: Any) -> None:
+        frame.write.format("pykka-delivery").options(
+            **coordinator.options(
+                service_key="rows", timeout=120, rows_per_message=10, write_id="resumed"
+            )
+        ).mode("append").save()
+
+    with pytest.raises(Exception, match="made to fail"):
+        save(spark.range(0, ROWS, 1, 2).mapInPandas(always_fail_late, "id long"))
+    partial = workers.ids()
+    assert set(range(ROWS // 2)) <= set(partial), "partition 0 was delivered"
+    assert ROWS // 2 < len(partial) < ROWS, "partition 1 went out in part"
+
+    save(spark.range(0, ROWS, 1, 2))
+    assert workers.ids() == list(range(ROWS))
+    assert sum(w.statistics().duplicate_rows for w in workers.workers) >= len(partial)
