@@ -15,10 +15,12 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pykka_delivery import _sqlite
 from pykka_delivery.coordinator import (
     CoordinatorActor,
     CoordinatorServer,
@@ -44,6 +46,10 @@ class CoordinatorInDriver:
         actor: the `CoordinatorActor`'s ref.
         server: the `CoordinatorServer`.
         log_path: the SQLite command log its state lives in.
+
+    It stops with `stop` (or the end of the ``with`` block), or, at the latest,
+    ``watch_interval`` seconds after the session's `SparkContext` stopped: a thread checks
+    that the context is still PySpark's active one.
     """
 
     def __init__(
@@ -53,7 +59,9 @@ class CoordinatorInDriver:
         log_path: str | os.PathLike[str] | None = None,
         settings: CoordinatorSettings | None = None,
         server_settings: CoordinatorServerSettings | None = None,
+        watch_interval: float = 1.0,
     ) -> None:
+        _sqlite.check_seconds("watch_interval", watch_interval)
         # Imported here: consumer services import this package without pyspark.
         from pykka_delivery.spark.data_source import DeliveryDataSource  # noqa: PLC0415
 
@@ -74,7 +82,27 @@ class CoordinatorInDriver:
         spark.dataSource.register(DeliveryDataSource)
         spark.conf.set(CONF_KEY, self.address)
         spark.sparkContext.setLocalProperty(CONF_KEY, self.address)
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._watcher = threading.Thread(
+            target=self._watch,
+            args=(spark.sparkContext, watch_interval),
+            name="pykka-delivery-spark-watch",
+            daemon=True,
+        )
+        self._watcher.start()
         logger.info("Coordinator in the Spark driver at %s (log %s)", self.address, self.log_path)
+
+    def _watch(self, context: Any, interval: float) -> None:
+        """Stop with the session: once ``context`` is no longer PySpark's active
+        `SparkContext` (``spark.stop()`` clears it), stop the coordinator."""
+        from pyspark import SparkContext  # noqa: PLC0415 (the [spark] extra)
+
+        while not self._stopped.wait(interval):
+            if SparkContext._active_spark_context is not context:
+                logger.info("The Spark session stopped: stopping its coordinator")
+                self.stop()
+                return
 
     def options(self, **options: Any) -> dict[str, str]:
         """Data source options reaching this coordinator, with ``options`` added (values
@@ -85,14 +113,22 @@ class CoordinatorInDriver:
         found.update({k: str(v) for k, v in options.items()})
         return found
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
     def stop(self) -> None:
-        """Stop the server and the actor (its log is closed with it)."""
-        with contextlib.suppress(Exception):
-            self._spark.sparkContext.setLocalProperty(CONF_KEY, None)
-        self.server.stop()
-        self.actor.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        """Stop the server and the actor (its log is closed with it); again: nothing."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self._stopped.set()
+            with contextlib.suppress(Exception):
+                self._spark.sparkContext.setLocalProperty(CONF_KEY, None)
+            self.server.stop()
+            self.actor.stop()
+            if self._tmp is not None:
+                self._tmp.cleanup()
 
     def __enter__(self) -> CoordinatorInDriver:
         return self
@@ -108,6 +144,7 @@ def coordinator_in_driver(
     log_path: str | os.PathLike[str] | None = None,
     settings: CoordinatorSettings | None = None,
     server_settings: CoordinatorServerSettings | None = None,
+    watch_interval: float = 1.0,
 ) -> Iterator[CoordinatorInDriver]:
     """Host the coordinator in this driver process for as long as the block runs, and
     register the ``"pykka-delivery"`` data source in ``spark``::
@@ -126,9 +163,15 @@ def coordinator_in_driver(
         server_settings: see `CoordinatorServerSettings`: host (default 127.0.0.1; on a
             cluster, an address the executors reach), port (default: any free), token,
             TLS.
+        watch_interval: how often a thread checks that the session still runs; the
+            coordinator stops with it. Default 1 s.
     """
     hosted = CoordinatorInDriver(
-        spark, log_path=log_path, settings=settings, server_settings=server_settings
+        spark,
+        log_path=log_path,
+        settings=settings,
+        server_settings=server_settings,
+        watch_interval=watch_interval,
     )
     try:
         yield hosted
