@@ -73,12 +73,19 @@ def connect(path: str | os.PathLike[str], *, busy_timeout: float) -> sqlite3.Con
     )
 
 
-def use_wal(conn: sqlite3.Connection, synchronous: str, *, exclusive: bool = False) -> None:
+def use_wal(
+    conn: sqlite3.Connection,
+    synchronous: str,
+    *,
+    exclusive: bool = False,
+    busy_timeout: float = 0.0,
+) -> None:
     """Switch ``conn`` to WAL mode with the ``synchronous`` fsync policy.
 
     WAL: readers do not block the writer, and a commit is one append to the log file.
     With ``exclusive``, the connection takes the file's lock now and keeps it until it is
     closed (or its process dies): no other connection can then open the file.
+    ``busy_timeout``: how long to keep trying while another connection holds the file.
 
     Raises:
         sqlite3.OperationalError: the file is locked by another connection (``classify``
@@ -87,7 +94,18 @@ def use_wal(conn: sqlite3.Connection, synchronous: str, *, exclusive: bool = Fal
     """
     if exclusive:
         conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-    conn.execute("PRAGMA journal_mode=WAL")
+    # Switching a file to WAL needs it to itself, and SQLite answers "locked" at once
+    # rather than waiting the connection's busy timeout: two processes opening a new
+    # file together (workers sharing a ledger) meet here. Retry for ``busy_timeout``.
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as error:
+            if classify(error) != "locked" or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
     if exclusive:
         # The lock is taken by the first transaction, not by the pragma: take it now.
         conn.execute("BEGIN EXCLUSIVE")
@@ -109,7 +127,7 @@ def open_wal(
     conn = connect(path, busy_timeout=busy_timeout)
     try:
         try:
-            use_wal(conn, synchronous)
+            use_wal(conn, synchronous, busy_timeout=busy_timeout)
             prepare(conn)
         except sqlite3.Error as failure:
             raise error(failure) from failure
@@ -176,6 +194,41 @@ def newer_schema_message(what: str, version: int, supported: int) -> str:
         f"{what}: schema version {version}, this version of pykka-delivery reads up to "
         f"{supported}. Open it with the newer version that wrote it."
     )
+
+
+def take_lock(
+    path: str | os.PathLike[str],
+    *,
+    timeout: float,
+    label: str,
+    what: str,
+    held: str,
+    fix: str,
+    error: Callable[[str], Exception],
+) -> FileLock:
+    """A store's writer lock (`FileLock` on ``path``), taken within ``timeout`` seconds.
+
+    Raises:
+        ``error(message)``: the lock file cannot be created, or another writer still
+        holds it. The message starts with ``what`` (the store and its file), says ``held``
+        (what is in use) and who holds it, and ends with ``fix``.
+    """
+    lock = FileLock(path)
+    try:
+        acquired = lock.acquire(timeout, label)
+    except OSError as failure:
+        msg = (
+            f"{what}: cannot create the lock file {lock.path} ({failure}); the directory "
+            f"{lock.path.parent} must be writable"
+        )
+        raise error(msg) from failure
+    if not acquired:
+        msg = (
+            f"{what}: {held} ({lock.holder() or 'holder unknown'}; still held after "
+            f"lock_timeout {timeout} s, lock file {lock.path}). {fix}"
+        )
+        raise error(msg)
+    return lock
 
 
 class FileLock:

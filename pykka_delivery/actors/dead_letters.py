@@ -149,7 +149,7 @@ class SqliteDeadLetters:
         except sqlite3.Error as error:
             raise self._error("cannot open it", error) from error
         try:
-            _sqlite.use_wal(self._conn, level)
+            _sqlite.use_wal(self._conn, level, busy_timeout=busy_timeout)
             self._conn.executescript(
                 """
                 CREATE TABLE IF NOT EXISTS schema_version (

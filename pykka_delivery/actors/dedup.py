@@ -301,26 +301,18 @@ class SqliteDedupStore:
         # Beside the durable queues' locks (<db>.locks/), prefixed so that a consumer id
         # and a producer id of the same name do not share a lock.
         digest = hashlib.sha256(self.consumer_id.encode()).hexdigest()[:32]
-        lock = _sqlite.FileLock(path.parent / f"{path.name}.locks" / f"dedup-{digest}.lock")
-        timeout = self.settings.lock_timeout
-        try:
-            acquired = lock.acquire(timeout, f"dedup consumer {self.consumer_id}")
-        except OSError as error:
-            msg = (
-                f"dedup store {path}: cannot create the lock file {lock.path} of consumer id "
-                f"{self.consumer_id!r} ({error}); the directory {path.parent} must be writable"
-            )
-            raise DedupStoreError(msg) from error
-        if not acquired:
-            msg = (
-                f"dedup store {self.path}: consumer id {self.consumer_id!r} is in use by "
-                f"another store ({lock.holder() or 'holder unknown'}; still held after "
-                f"{timeout} s, lock file {lock.path}). Close that one first (or stop its "
-                f"process), or give this consumer another id: two writers of one consumer "
-                f"id would overwrite each other's positions."
-            )
-            raise DedupStoreError(msg)
-        return lock
+        return _sqlite.take_lock(
+            path.parent / f"{path.name}.locks" / f"dedup-{digest}.lock",
+            timeout=self.settings.lock_timeout,
+            label=f"dedup consumer {self.consumer_id}",
+            what=f"dedup store {path}",
+            held=f"consumer id {self.consumer_id!r} is in use by another store",
+            fix=(
+                "Close that one first (or stop its process), or give this consumer another "
+                "id: two writers of one consumer id would overwrite each other's positions."
+            ),
+            error=DedupStoreError,
+        )
 
     def _open(self) -> sqlite3.Connection:
         return _sqlite.open_wal(

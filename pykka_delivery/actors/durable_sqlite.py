@@ -352,26 +352,18 @@ class SqliteDurableQueue:
             return
         path = Path(self.path)
         digest = hashlib.sha256(self.producer_id.encode()).hexdigest()[:32]
-        lock = _sqlite.FileLock(path.parent / f"{path.name}.locks" / f"{digest}.lock")
-        try:
-            acquired = lock.acquire(self.settings.lock_timeout, label=self.producer_id)
-        except OSError as error:
-            msg = (
-                f"durable queue {path}: cannot create the lock file {lock.path} of producer "
-                f"id {self.producer_id!r} ({error}); the directory {path.parent} must be "
-                "writable"
-            )
-            raise DurableQueueError(msg) from error
-        if not acquired:
-            holder = lock.holder() or "another process"
-            msg = (
-                f"durable queue {path}: producer id {self.producer_id!r} is already open "
-                f"(held by {holder}; still held after lock_timeout "
-                f"{self.settings.lock_timeout} s). One producer id has one writer: close "
-                "that queue or stop its process first, or give this producer another id."
-            )
-            raise DurableQueueError(msg)
-        self._file_lock = lock
+        self._file_lock = _sqlite.take_lock(
+            path.parent / f"{path.name}.locks" / f"{digest}.lock",
+            timeout=self.settings.lock_timeout,
+            label=self.producer_id,
+            what=f"durable queue {path}",
+            held=f"producer id {self.producer_id!r} is already open",
+            fix=(
+                "One producer id has one writer: close that queue or stop its process "
+                "first, or give this producer another id."
+            ),
+            error=DurableQueueError,
+        )
 
     def _open(self) -> sqlite3.Connection:
         settings = self.settings
@@ -381,7 +373,9 @@ class SqliteDurableQueue:
             self._fail(error, "open the file")
         try:
             try:
-                _sqlite.use_wal(conn, settings.synchronous.upper())
+                _sqlite.use_wal(
+                    conn, settings.synchronous.upper(), busy_timeout=settings.busy_timeout
+                )
                 conn.execute(f"PRAGMA wal_autocheckpoint={settings.wal_autocheckpoint}")
                 conn.execute(f"PRAGMA journal_size_limit={settings.journal_size_limit}")
                 self._prepare(conn)

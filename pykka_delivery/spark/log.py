@@ -221,25 +221,18 @@ class PartitionLog:
         return f"PartitionLog({str(self.path)!r}, {self.stream!r}, {self.partition})"
 
     def _take_file(self) -> _sqlite.FileLock:
-        lock = _sqlite.FileLock(self.path.with_name(self.path.name + ".lock"))
-        timeout = self.settings.lock_timeout
-        try:
-            acquired = lock.acquire(timeout, f"partition log {self.stream}-{self.partition}")
-        except OSError as error:
-            msg = (
-                f"partition log {self.path}: cannot create its lock file {lock.path} "
-                f"({error}); the directory {self.path.parent} must be writable"
-            )
-            raise LogError(msg) from error
-        if not acquired:
-            msg = (
-                f"partition log {self.path}: another query or process uses this log "
-                f"directory ({lock.holder() or 'holder unknown'}; still held after {timeout} "
-                f"s, lock file {lock.path}). Give each query its own log_dir, or stop the "
-                f"other one first: two writers would give the same positions twice."
-            )
-            raise LogError(msg)
-        return lock
+        return _sqlite.take_lock(
+            self.path.with_name(self.path.name + ".lock"),
+            timeout=self.settings.lock_timeout,
+            label=f"partition log {self.stream}-{self.partition}",
+            what=f"partition log {self.path}",
+            held="another query or process uses this log directory",
+            fix=(
+                "Give each query its own log_dir, or stop the other one first: two writers "
+                "would give the same positions twice."
+            ),
+            error=LogError,
+        )
 
     def _open(self) -> sqlite3.Connection:
         return _sqlite.open_wal(
