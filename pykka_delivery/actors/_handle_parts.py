@@ -19,7 +19,13 @@ from pykka_delivery.actors.durable_queue import (
     DurableQueueError,
 )
 from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer
-from pykka_delivery.actors.messages import Delivery, PeerLinkChanged, Ref, SequencedMessage
+from pykka_delivery.actors.messages import (
+    Delivery,
+    PeerLinkChanged,
+    Ref,
+    SequencedMessage,
+    SequencedRun,
+)
 from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.actors.timers import TimerFired, Timers
@@ -174,6 +180,9 @@ class DeliveryFeed:
                 self._run(self._core.on_timer(message.key))
         elif type(message) is PeerLinkChanged:
             self._run(self._core.on_peer_link_changed(message))
+        elif type(message) is SequencedRun:
+            for sequenced in message.expand():
+                self._run(self._core.on_sequenced(sequenced))
         else:
             logger.error("Consumer cannot handle %s: dropped", type(message).__name__)
 
@@ -181,11 +190,23 @@ class DeliveryFeed:
         """Feed the inbox to the core until it hands out a delivery (or the inbox is empty)."""
         ready = self._ready.deliveries
         inbox = self._inbox
-        next_delivery = self._core.next_delivery
+        core = self._core
         while not ready and inbox:
-            message = inbox.popleft()
+            message = inbox[0]
+            if type(message) is SequencedRun:
+                delivery = core.next_run_delivery(message)  # the steady state
+                if delivery is not None:
+                    if message.seq_nr == message.last_seq_nr:
+                        inbox.popleft()
+                    self._outstanding = delivery
+                    return delivery
+                # Not the steady state: the rest of the run one message at a time.
+                inbox.popleft()
+                inbox.extendleft(reversed(message.expand()))
+                continue
+            inbox.popleft()
             if type(message) is SequencedMessage:
-                delivery = next_delivery(message)  # the steady state: no effects to run
+                delivery = core.next_delivery(message)  # the steady state: no effects to run
                 if delivery is not None:
                     self._outstanding = delivery
                     return delivery

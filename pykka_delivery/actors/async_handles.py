@@ -526,6 +526,8 @@ class _ConsumerEndpoint:
 
     __slots__ = ("_consumer",)
 
+    takes_runs = True  # a transport may hand it a `SequencedRun` for a run of messages
+
     def __init__(self, consumer: AsyncConsumer) -> None:
         self._consumer = consumer
 

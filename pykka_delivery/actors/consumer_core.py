@@ -88,6 +88,8 @@ from pykka_delivery.actors.messages import (
     Request,
     Resend,
     SequencedMessage,
+    SequencedRun,
+    new_delivery,
 )
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.errors import LocalProtocolError
@@ -280,7 +282,8 @@ class ConsumerCore:
         self.collected_chunks: list[SequencedMessage] = []
         self.registering: Ref | None = None
         self.stopping = False
-        self.current: SequencedMessage | None = None  # the delivery awaiting confirmation
+        # The delivery awaiting confirmation (a run stands for its message taken last).
+        self.current: SequencedMessage | SequencedRun | None = None
         self._retry_interval = settings.resend_interval_min
         self._heard = False  # a SequencedMessage arrived since the last retry tick
         self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
@@ -453,7 +456,37 @@ class ConsumerCore:
         self.current = msg
         self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
-        return Delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr, 1)
+        return new_delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr, 1)
+
+    def next_run_delivery(self, run: SequencedRun) -> Delivery | None:
+        """`next_delivery` for the next message of ``run`` (which must have one), taken
+        from the run without a `SequencedMessage` of its own. Returns None (nothing
+        changed, nothing taken) when that message needs `on_sequenced`: the caller then
+        feeds the rest of the run as `SequencedMessage` objects (`SequencedRun.expand`).
+
+        The run stands for the delivered message until it is confirmed (it is kept as the
+        delivery awaiting confirmation): the caller takes no more from it until then.
+        """
+        seq_nr = run.seq_nr + 1
+        if (
+            self.phase is not _ACTIVE
+            or seq_nr != self.received_seq_nr + 1
+            or seq_nr <= self._fast_floor
+            or run.producer_controller is not self.producer_controller
+            or self.registering is not None
+            or self.stash
+            or self.stopping
+            or self._retry_interval != self._min_interval
+            or self.consumer is None
+        ):
+            return None
+        message = run.take()  # never a chunk: runs hold plain messages only
+        self._heard = True
+        self.received_seq_nr = seq_nr
+        self.current = run
+        self.phase = _WAITING_FOR_CONFIRMATION
+        self._delivered += 1
+        return new_delivery(message, self.new_confirm_to(), run.producer_id, seq_nr, 1)
 
     def on_confirmed(self) -> list[Effect]:
         """The consumer confirmed the current `Delivery`.
@@ -461,6 +494,26 @@ class ConsumerCore:
         Raises:
             LocalProtocolError: no delivery is awaiting confirmation.
         """
+        current = self.current
+        if (
+            current is not None
+            and self.phase is _WAITING_FOR_CONFIRMATION
+            and self.requested_seq_nr - current.seq_nr > self._half
+            and not self._redelivering
+            and self.dedup is None
+            and not self.stopping
+            and not self.stash
+            and not current.first
+            and not current.ack
+        ):
+            # The steady state (what _complete does when there is nothing to tell, record
+            # or unstash), once per message.
+            self._confirmed_count += 1
+            self._attempt = 1
+            self.confirmed_seq_nr = current.seq_nr
+            self.current = None
+            self.phase = _ACTIVE
+            return []
         current = self._awaited("Confirmed")
         effects: list[Effect] = []
         self._complete(current, effects)
@@ -506,7 +559,7 @@ class ConsumerCore:
         self._complete(current, effects)
         return effects
 
-    def _awaited(self, what: str) -> SequencedMessage:
+    def _awaited(self, what: str) -> SequencedMessage | SequencedRun:
         """The message whose delivery awaits the consumer's answer ``what``.
 
         Raises:
@@ -523,7 +576,7 @@ class ConsumerCore:
             raise LocalProtocolError(msg)
         return current
 
-    def _complete(self, current: SequencedMessage, effects: list[Effect]) -> None:
+    def _complete(self, current: SequencedMessage | SequencedRun, effects: list[Effect]) -> None:
         """The consumer is done with ``current`` (confirmed, or given up on): record it,
         tell the producer side as the window rule says, and take the next message."""
         self._confirmed_count += 1
@@ -543,7 +596,7 @@ class ConsumerCore:
         if self.stash:
             self._unstash(effects)
 
-    def _confirm(self, current: SequencedMessage, effects: list[Effect]) -> None:
+    def _confirm(self, current: SequencedMessage | SequencedRun, effects: list[Effect]) -> None:
         """``current`` is confirmed (by the consumer, or as a duplicate): tell the
         producer side when the window rule says so."""
         seq_nr = current.seq_nr
@@ -932,8 +985,8 @@ class ConsumerCore:
             )
             self._restart_retry(effects)
 
-    def _delivery(self, msg: SequencedMessage) -> Delivery:
-        return Delivery(
+    def _delivery(self, msg: SequencedMessage | SequencedRun) -> Delivery:
+        return new_delivery(
             msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr, self._attempt
         )
 

@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
 from pykka_delivery.actors._handle_parts import DeliveryFeed, ReadyDeliveries
@@ -39,7 +38,14 @@ from pykka_delivery.actors.effects import (
     Stop,
     WriteDeadLetter,
 )
-from pykka_delivery.actors.messages import Delivery, Ref, Rejected, SequencedMessage
+from pykka_delivery.actors.messages import (
+    CONFIRMED,
+    Delivery,
+    Ref,
+    Rejected,
+    SequencedMessage,
+    SequencedRun,
+)
 from pykka_delivery.actors.registry import ServiceRegistry, default_registry
 from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.actors.timers import Timers, TimerService
@@ -53,6 +59,8 @@ class _Endpoint:
     """The consumer's address for the producer side: append, wake the reader if waiting."""
 
     __slots__ = ("_consumer",)
+
+    takes_runs = True  # a transport may hand it a `SequencedRun` for a run of messages
 
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
@@ -78,19 +86,26 @@ class _Endpoint:
 
 class _ConfirmTo:
     """``Delivery.confirm_to`` of one delivery: confirming is a direct call, on any thread,
-    and a second confirmation of the same delivery is told apart from the next one's."""
+    and a second confirmation of the same delivery is told apart from the next one's.
 
-    __slots__ = ("_confirm", "_consumer")
+    Each `Consumer` makes its own subclass naming it (`_confirm_to_class`), so that one
+    is made per delivery without an ``__init__`` call: it is made for every message.
+    """
 
-    def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
-        self._confirm = consumer._confirm
+    __slots__ = ()
+    _consumer: Consumer
 
     def tell(self, message: Any) -> None:
-        if type(message) is Rejected:
+        if message is CONFIRMED:
+            self._consumer._confirm(self)
+        elif type(message) is Rejected:
             self._consumer._reject(self, message.reason)
         else:
-            self._confirm(self)
+            self._consumer._confirm(self)
+
+
+def _confirm_to_class(consumer: Consumer) -> type[_ConfirmTo]:
+    return type("_ConfirmTo", (_ConfirmTo,), {"__slots__": (), "_consumer": consumer})
 
 
 class Consumer(DeliveryFeed):
@@ -179,7 +194,7 @@ class Consumer(DeliveryFeed):
             self._self_ref,
             settings,
             serialization,
-            new_confirm_to=partial(_ConfirmTo, self),
+            new_confirm_to=_confirm_to_class(self),
             dedup_positions=positions,
         )
         with self._lock:
@@ -225,18 +240,22 @@ class Consumer(DeliveryFeed):
                 if self._closed or self._outstanding is not None:
                     self._check_can_receive()
                 inbox = self._inbox
-                if (
-                    inbox
-                    and type(inbox[0]) is SequencedMessage
-                    and not self._ready.deliveries
-                    and not self._outbox
-                ):
+                if inbox and not self._ready.deliveries and not self._outbox:
                     # The steady state, inlined: the next message is the next delivery.
-                    delivery = self._core.next_delivery(inbox[0])
-                    if delivery is not None:
-                        inbox.popleft()
-                        self._outstanding = delivery
-                        return delivery  # nothing to tell: the fast path has no effects
+                    head = inbox[0]
+                    if type(head) is SequencedRun:
+                        delivery = self._core.next_run_delivery(head)
+                        if delivery is not None:
+                            if head.seq_nr == head.last_seq_nr:
+                                inbox.popleft()
+                            self._outstanding = delivery
+                            return delivery  # nothing to tell: the fast path has no effects
+                    elif type(head) is SequencedMessage:
+                        delivery = self._core.next_delivery(head)
+                        if delivery is not None:
+                            inbox.popleft()
+                            self._outstanding = delivery
+                            return delivery
                 delivery = self._next_ready()
                 if delivery is None and not self._outbox:
                     if self._core.is_stopped:
@@ -270,11 +289,40 @@ class Consumer(DeliveryFeed):
 
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries until the consumer is closed or stopped."""
+        lock = self._lock
+        inbox = self._inbox
+        ready = self._ready.deliveries
+        next_delivery = self._core.next_delivery
+        next_run_delivery = self._core.next_run_delivery
         while True:
-            try:
-                yield self.receive()
-            except ClosedError:
-                return
+            # receive()'s steady state, inlined: it runs once per message.
+            delivery = None
+            with lock:
+                if (
+                    inbox
+                    and self._outstanding is None
+                    and not self._closed
+                    and not ready
+                    and not self._outbox
+                ):
+                    head = inbox[0]
+                    if type(head) is SequencedRun:
+                        delivery = next_run_delivery(head)
+                        if delivery is not None:
+                            if head.seq_nr == head.last_seq_nr:
+                                inbox.popleft()
+                            self._outstanding = delivery
+                    elif type(head) is SequencedMessage:
+                        delivery = next_delivery(head)
+                        if delivery is not None:
+                            inbox.popleft()
+                            self._outstanding = delivery
+            if delivery is None:
+                try:
+                    delivery = self.receive()
+                except ClosedError:
+                    return
+            yield delivery
 
     def deliver_then_stop(self) -> None:
         """Stop once every message received so far is delivered and confirmed; iteration

@@ -23,6 +23,7 @@ or one of the handles' local endpoints. The controllers never need more than `te
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -46,6 +47,7 @@ __all__ = [
     "Resend",
     "SendNext",
     "SequencedMessage",
+    "SequencedRun",
 ]
 
 
@@ -75,6 +77,33 @@ def fast_frozen_init(cls: type[_T]) -> type[_T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     setattr(cls, "__init__", init)  # noqa: B010 - mypy refuses to assign a method
     return cls
+
+
+def frozen_factory(cls: type[_T]) -> Callable[..., _T]:
+    """A function that builds a frozen, slotted dataclass from its fields (positional, in
+    order) about twice as fast as even a `fast_frozen_init` ``__init__``.
+
+    It fills an instance of an unfrozen twin class with the same slots by plain attribute
+    assignment (the fast path of the interpreter), then makes it an instance of ``cls``
+    (``__class__`` assignment: the layouts are the same). The result is an ordinary,
+    frozen ``cls`` instance. Six fields: about 0.2 µs instead of 0.4 µs (measured here).
+    For the few classes built once per message on the hot path.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    slots = tuple(cls.__slots__)  # type: ignore[attr-defined]
+    if sorted(slots) != sorted(names):
+        msg = f"frozen_factory({cls.__name__}): the slots must be the dataclass fields"
+        raise TypeError(msg)
+    twin = type(f"_{cls.__name__}Builder", (), {"__slots__": slots})
+    namespace: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
+    body = "".join(f"\n    self.{name} = {name}" for name in names)
+    exec(
+        f"def new_{cls.__name__}({', '.join(names)}):\n    self = _new(_twin){body}"
+        "\n    self.__class__ = _cls\n    return self",
+        namespace,
+    )
+    factory: Callable[..., _T] = namespace[f"new_{cls.__name__}"]
+    return factory
 
 
 @runtime_checkable
@@ -140,6 +169,71 @@ class SequencedMessage:
         """True for the last piece of a chunked message, and for any message not chunked."""
         message = self.message
         return not isinstance(message, ChunkedMessage) or message.last_chunk
+
+
+class SequencedRun:
+    """Consecutive plain `SequencedMessage` objects of one producer controller, as a
+    transport received them in one run (``SequencedRun`` in ``delivery.proto``): their
+    messages and the first seq_nr, with no `SequencedMessage` object built per message.
+
+    Only the consumer handles take runs (their endpoint says so with ``takes_runs``); a
+    transport hands every other recipient the run's messages (`expand`). A run is also a
+    cursor, and not thread-safe: `take` hands out its next message. Until the next `take`
+    the run reads as that message's `SequencedMessage` (``producer_id``, ``seq_nr``,
+    ``message``, ``first``, ``ack``, ``producer_controller``), so a consumer core keeps the
+    run itself as the delivery awaiting confirmation; it takes the next message only once
+    that one is confirmed.
+    """
+
+    __slots__ = (
+        "_first_seq_nr",
+        "_messages",
+        "last_seq_nr",
+        "message",
+        "producer_controller",
+        "producer_id",
+        "seq_nr",
+    )
+
+    first = False  # a run never holds a session's first message, a chunk, or an ack request
+    ack = False
+
+    def __init__(
+        self, producer_id: str, first_seq_nr: int, messages: list[Any], producer_controller: Ref
+    ) -> None:
+        self.producer_id = producer_id
+        self.producer_controller = producer_controller
+        self._messages = messages
+        self._first_seq_nr = first_seq_nr
+        self.last_seq_nr = first_seq_nr + len(messages) - 1
+        self.seq_nr = first_seq_nr - 1  # of the message taken last
+        self.message: Any = None
+
+    def __repr__(self) -> str:
+        return f"SequencedRun({self.producer_id!r}, {self.seq_nr + 1}..{self.last_seq_nr})"
+
+    @property
+    def remaining(self) -> int:
+        """How many messages were not taken yet (none once ``seq_nr == last_seq_nr``)."""
+        return self.last_seq_nr - self.seq_nr
+
+    def take(self) -> Any:
+        """The next message (there must be one); ``seq_nr`` and ``message`` become its."""
+        self.seq_nr = seq_nr = self.seq_nr + 1
+        self.message = message = self._messages[seq_nr - self._first_seq_nr]
+        return message
+
+    def expand(self) -> list[SequencedMessage]:
+        """The messages not taken yet, as `SequencedMessage` objects."""
+        pid = self.producer_id
+        ref = self.producer_controller
+        new = new_sequenced_message
+        return [
+            new(pid, seq_nr, message, False, False, ref)
+            for seq_nr, message in enumerate(
+                self._messages[self.seq_nr + 1 - self._first_seq_nr :], self.seq_nr + 1
+            )
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +389,13 @@ class Delivery:
             text = str(reason)
             reason = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
         self.confirm_to.tell(Rejected(reason))
+
+
+# Fast builders of the two classes built once per message (see frozen_factory).
+new_sequenced_message: Callable[[str, int, Any, bool, bool, Ref], SequencedMessage] = (
+    frozen_factory(SequencedMessage)
+)
+new_delivery: Callable[[Any, Ref, str, int, int], Delivery] = frozen_factory(Delivery)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ from pykka_delivery.actors.messages import (
     Resend,
     SendNext,
     SequencedMessage,
+    new_sequenced_message,
 )
 from pykka_delivery.actors.settings import ProducerControllerSettings
 from pykka_delivery.errors import LocalProtocolError
@@ -479,7 +480,9 @@ class ProducerCore:
             and self._plain
         ):
             return None
-        seq_msg = SequencedMessage(self.producer_id, current, message, False, False, self.self_ref)
+        seq_msg = new_sequenced_message(
+            self.producer_id, current, message, False, False, self.self_ref
+        )
         if self.support_resend:
             self.unconfirmed.append(seq_msg)
         self._sent += 1

@@ -31,7 +31,9 @@ one envelope, and target, producer id, address, serializer id and manifest are w
 read and turned into Python objects once per frame instead of once per message. Anything
 else closes the run; a plain `SequencedMessage` that cannot join a run opens a new one.
 `Codec.add` (one message, no builder) never makes runs. On the receiving side
-`Codec.decode_frame` expands runs and groups consecutive messages for one target.
+`Codec.decode_frame` groups consecutive messages for one target and expands runs, or, with
+``runs=True``, gives each run as one `SequencedRun`: the node hands those to the consumer
+handles, which deliver from them without building a `SequencedMessage` per message.
 
 The ``bytes`` payload takes a short cut both ways: it is written as it is and read as it
 is, without the serializer registry (once per frame the registry is asked how it writes
@@ -49,6 +51,7 @@ are looked up in small caches instead of calling the node back for every message
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, MutableSequence
 from typing import Any, Final
 
@@ -69,6 +72,7 @@ from pykka_delivery.actors.messages import (
     Resend,
     SendNext,
     SequencedMessage,
+    SequencedRun,
 )
 from pykka_delivery.protocol import delivery_pb2, transport_pb2
 from pykka_delivery.protocol.serialization import BYTES, Serialization, SerializationError
@@ -221,30 +225,32 @@ class Codec:
                 refused by ``ref_at``, or one of its payloads does not deserialize (the
                 whole run is refused then).
         """
+        return self.decode_run_as_one(envelope).expand()
+
+    def decode_run_as_one(self, envelope: transport_pb2.Envelope) -> SequencedRun:
+        """What a ``sequenced_run`` envelope carries, as one `SequencedRun` (no
+        `SequencedMessage` built per message). Raises as `decode_run`."""
         run = envelope.sequenced_run
         data = run.data
         if not data:
             msg = f"envelope for {envelope.target!r} carries a SequencedRun without messages"
             raise CodecError(msg)
-        producer_id = run.producer_id
         address = run.producer_controller
         ref = self._refs.get(address)
         if ref is None:
             ref = self._ref(envelope, "producer_controller", address)
-        new = SequencedMessage
         if run.serializer_id == BYTES:
             # The BYTES serializer gives the bytes back as they are: skip the registry.
-            return [
-                new(producer_id, seq_nr, payload, False, False, ref)
-                for seq_nr, payload in enumerate(data, run.first_seq_nr)
-            ]
-        return [
-            new(producer_id, seq_nr, payload, False, False, ref)
-            for seq_nr, payload in self._deserialize_run(envelope, run)
-        ]
+            messages: list[Any] = list(data)
+        else:
+            messages = self._deserialize_run(envelope, run)
+        return SequencedRun(run.producer_id, run.first_seq_nr, messages, ref)
 
-    def decode_frame(self, frame: transport_pb2.Frame) -> tuple[Groups, list[CodecError]]:
-        """Every message ``frame`` carries, runs expanded, grouped by target.
+    def decode_frame(
+        self, frame: transport_pb2.Frame, runs: bool = False
+    ) -> tuple[Groups, list[CodecError]]:
+        """Every message ``frame`` carries, grouped by target; a run as its messages, or
+        with ``runs`` as one `SequencedRun`.
 
         Returns:
             ``(groups, errors)``: ``groups`` is a list of ``(target, messages)`` in frame
@@ -258,13 +264,15 @@ class Codec:
         messages: list[object] = []
         group_target: str | None = None
         for envelope in frame.envelopes:
+            run: list[SequencedMessage] | None = None
+            message: object = None
             try:
-                if envelope.WhichOneof("body") == "sequenced_run":
-                    run = self.decode_run(envelope)
-                    message = None
-                else:
-                    run = None
+                if envelope.WhichOneof("body") != "sequenced_run":
                     message = self.decode(envelope)
+                elif runs:
+                    message = self.decode_run_as_one(envelope)
+                else:
+                    run = self.decode_run(envelope)
             except CodecError as error:
                 errors.append(error)
                 continue
@@ -360,14 +368,14 @@ class Codec:
 
     def _deserialize_run(
         self, envelope: transport_pb2.Envelope, run: delivery_pb2.SequencedRun
-    ) -> list[tuple[int, object]]:
+    ) -> list[object]:
         deserialize = self._deserialize
         serializer_id = run.serializer_id
         manifest = run.manifest
-        payloads: list[tuple[int, object]] = []
+        payloads: list[object] = []
         for seq_nr, data in enumerate(run.data, run.first_seq_nr):
             try:
-                payloads.append((seq_nr, deserialize(serializer_id, manifest, data)))
+                payloads.append(deserialize(serializer_id, manifest, data))
             except SerializationError as e:
                 msg = (
                     f"envelope for {envelope.target!r}: the payload of SequencedMessage "
@@ -537,6 +545,57 @@ class FrameBuilder:
         self._target = None  # anything else ends the run
         self._bytes_run = False
         self.messages += 1
+
+    def fill(
+        self, outbox: deque[tuple[str, object]], limit: int
+    ) -> list[tuple[str, object, Exception]]:
+        """Move ``(target, message)`` pairs from the left of ``outbox`` into the frame, as
+        `add` would, until the outbox is empty or the frame holds ``limit`` messages.
+
+        A message that `add` refuses is left out of the frame. Returns those, each with its
+        target and the error, for the caller to report.
+
+        A run that goes on for many messages, the common case under load, is filled in
+        a loop of its own with its state in local variables: this runs for every message
+        a node sends.
+        """
+        failed: list[tuple[str, object, Exception]] = []
+        popleft = outbox.popleft
+        while outbox and self.messages < limit:
+            target, message = popleft()
+            if self._bytes_run and type(message) is SequencedMessage and target == self._target:
+                data = self._data
+                next_seq_nr = self._next_seq_nr
+                ref = self._ref
+                producer_id = self._producer_id
+                count = self.messages
+                more = True
+                while (
+                    message.seq_nr == next_seq_nr
+                    and message.producer_controller is ref
+                    and type(message.message) is bytes
+                    and not message.first
+                    and not message.ack
+                    and message.producer_id == producer_id
+                ):
+                    data.append(message.message)
+                    next_seq_nr += 1
+                    count += 1
+                    if not outbox or count >= limit:
+                        more = False
+                        break
+                    target, message = popleft()
+                    if type(message) is not SequencedMessage or target != self._target:
+                        break
+                self._next_seq_nr = next_seq_nr
+                self.messages = count
+                if not more:
+                    break
+            try:
+                self.add(target, message)
+            except Exception as error:
+                failed.append((target, message, error))
+        return failed
 
     def _add_to_run(self, target: str, m: SequencedMessage) -> None:
         """Append ``m`` to the open run if it continues it, else open a new run."""

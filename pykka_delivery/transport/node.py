@@ -13,6 +13,10 @@ Theory of operation:
   the peer's writer only if it is idle. The writer takes everything queued into one frame
   and writes it; messages told during that write form the next frame. Under load, frames
   fill up to ``max_batch``; at low rates a message leaves at once.
+* Receiving: a frame is decoded on the node's thread and each recipient is told what is
+  for it at once (``tell_many`` when it has one). A recipient whose ``takes_runs`` is True
+  (the consumer handles) gets a run of one producer's messages as one `SequencedRun`;
+  every other one gets the messages.
 * Faults: a broken stream (gRPC keepalive or stream end) drops the link; the next message
   re-dials with exponential backoff and jitter. The transport does not resend: the
   delivery protocol above it does (Requests, Resends, first-message resends), so nothing is
@@ -38,7 +42,7 @@ from typing import Any
 import grpc
 import pykka
 
-from pykka_delivery.actors.messages import PeerLinkChanged, Ref
+from pykka_delivery.actors.messages import PeerLinkChanged, Ref, SequencedRun
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 from pykka_delivery.transport.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
@@ -176,6 +180,8 @@ class _Peer:
     def __init__(self, node: Node, address: str) -> None:
         self.node = node
         self.address = address
+        self.max_pending = node.settings.max_pending
+        self.yield_after = node.settings.yield_after
         self.outbox: deque[tuple[str, Any]] = deque()
         self.idle = False
         self.oldest = 0.0  # when the outbox last went from empty to not empty
@@ -188,24 +194,24 @@ class _Peer:
     def enqueue(self, target: str, message: Any) -> None:
         """Any thread: queue, wake the writer only if it is idle, and let it have the GIL
         when what is queued should not wait (see ``NodeSettings.yield_after``)."""
-        node = self.node
         outbox = self.outbox
         if not outbox:
             self.oldest = time.monotonic()
         outbox.append((target, message))
-        if len(outbox) > node.settings.max_pending:
+        if len(outbox) > self.max_pending:
             outbox.popleft()
-            node._counters.dropped_pending += 1
+            self.node._counters.dropped_pending += 1
         if self.idle:
             self.idle = False
+            node = self.node
             node._loop.call_soon_threadsafe(self.wake.set)
             if type(message) in PROMPT and threading.get_ident() != node._loop_thread_id:
                 time.sleep(0)  # the node's thread writes it now; the other side waits for it
         else:
             now = time.monotonic()
             if (
-                now - self.oldest >= node.settings.yield_after
-                and threading.get_ident() != node._loop_thread_id
+                now - self.oldest >= self.yield_after
+                and threading.get_ident() != self.node._loop_thread_id
             ):
                 # A busy application thread would keep the GIL for a whole switch interval
                 # (5 ms) while the batch waits: hand it over, once per yield_after.
@@ -245,19 +251,15 @@ class _Peer:
                 time.sleep(0)
             # Consecutive SequencedMessages of one producer share one envelope (a run).
             builder = FrameBuilder(codec)
-            while outbox and builder.messages < settings.max_batch:
-                target, message = outbox.popleft()
-                try:
-                    builder.add(target, message)
-                except Exception as error:
-                    logger.error(
-                        "Cannot send %s to %s/%s: %s",
-                        type(message).__name__,
-                        self.address,
-                        target,
-                        error,
-                    )
-                    counters.dropped_unsendable += 1
+            for target, message, error in builder.fill(outbox, settings.max_batch):
+                logger.error(
+                    "Cannot send %s to %s/%s: %s",
+                    type(message).__name__,
+                    self.address,
+                    target,
+                    error,
+                )
+                counters.dropped_unsendable += 1
             last_frame = builder.messages
             if builder.messages:
                 for part, messages in node._fit(builder.frame, builder.messages):
@@ -338,6 +340,17 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
                 node._deliver(frame)
         finally:
             peer.detach(stream)
+
+
+def _expand_runs(messages: list[Any]) -> list[Any]:
+    """``messages`` with each `SequencedRun` replaced by its messages."""
+    expanded: list[Any] = []
+    for message in messages:
+        if type(message) is SequencedRun:
+            expanded += message.expand()
+        else:
+            expanded.append(message)
+    return expanded
 
 
 class Node:
@@ -529,26 +542,31 @@ class Node:
 
     def _deliver(self, frame: _Frame) -> None:
         """On the node's thread: decode a frame and tell each message to its target,
-        consecutive messages for one target at once when it takes batches."""
+        consecutive messages for one target at once when it takes batches, and a run of
+        one producer's messages as one `SequencedRun` when it takes runs."""
         counters = self._counters
         counters.frames_received += 1
-        groups, errors = self._codec.decode_frame(frame)
+        groups, errors = self._codec.decode_frame(frame, runs=True)
         # Messages, as the writer counts them; a malformed envelope counts as one.
         counters.envelopes_received += len(errors)
         for error in errors:
             counters.malformed += 1
             logger.warning("Malformed envelope from a peer: %s", error)
         for target, messages in groups:
-            counters.envelopes_received += len(messages)
             self._tell_batch(target, messages)
 
     def _tell_batch(self, name: str, messages: list[Any]) -> None:
         target = self._targets.get(name)
+        if target is not None and getattr(target, "takes_runs", False):
+            count = sum(m.remaining if type(m) is SequencedRun else 1 for m in messages)
+        else:
+            messages = _expand_runs(messages)
+            count = len(messages)
+        counters = self._counters
+        counters.envelopes_received += count
         if target is None:
-            self._counters.unknown_target += len(messages)
-            logger.warning(
-                "Nothing is exposed as %r on %s: %d dropped", name, self.address, len(messages)
-            )
+            counters.unknown_target += count
+            logger.warning("Nothing is exposed as %r on %s: %d dropped", name, self.address, count)
             return
         tell_many = getattr(target, "tell_many", None)
         try:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pykka_delivery.actors.chunking import assemble_chunks, make_chunks
 from pykka_delivery.actors.messages import (
@@ -31,6 +34,7 @@ from pykka_delivery.actors.messages import (
     Resend,
     SendNext,
     SequencedMessage,
+    SequencedRun,
 )
 from pykka_delivery.protocol import (
     BYTES,
@@ -756,44 +760,44 @@ def test_decode_of_a_run_envelope_points_to_decode_run(codec: Codec) -> None:
     assert codec.decode_run(envelope) == [sequenced(b"a", 1), sequenced(b"b", 2)]
 
 
-@pytest.mark.parametrize(
-    ("run", "problem"),
-    [
-        (
-            {
-                "producer_id": "producer-1",
-                "first_seq_nr": 1,
-                "serializer_id": BYTES,
-                "data": [b"x"],
-            },
-            "has an empty producer_controller address",
-        ),
-        (
-            {
-                "producer_id": "p",
-                "first_seq_nr": 1,
-                "producer_controller": "nowhere",
-                "data": [b"x"],
-            },
-            "names producer_controller 'nowhere', which cannot be resolved",
-        ),
-        (
-            {
-                "producer_id": "producer-1",
-                "first_seq_nr": 4,
-                "producer_controller": PC.address,
-                "serializer_id": STR,
-                "data": [b"ok", b"\xff", b"ok"],
-            },
-            "payload of SequencedMessage seq_nr 5 of producer 'producer-1' (in a run)",
-        ),
-        (
-            {"producer_id": "p", "first_seq_nr": 1, "producer_controller": PC.address},
-            "carries a SequencedRun without messages",
-        ),
-    ],
-    ids=["empty-address", "unresolvable-address", "undeserializable-element", "empty"],
-)
+MALFORMED_RUNS: list[tuple[dict[str, Any], str]] = [
+    (
+        {
+            "producer_id": "producer-1",
+            "first_seq_nr": 1,
+            "serializer_id": BYTES,
+            "data": [b"x"],
+        },
+        "has an empty producer_controller address",
+    ),
+    (
+        {
+            "producer_id": "p",
+            "first_seq_nr": 1,
+            "producer_controller": "nowhere",
+            "data": [b"x"],
+        },
+        "names producer_controller 'nowhere', which cannot be resolved",
+    ),
+    (
+        {
+            "producer_id": "producer-1",
+            "first_seq_nr": 4,
+            "producer_controller": PC.address,
+            "serializer_id": STR,
+            "data": [b"ok", b"\xff", b"ok"],
+        },
+        "payload of SequencedMessage seq_nr 5 of producer 'producer-1' (in a run)",
+    ),
+    (
+        {"producer_id": "p", "first_seq_nr": 1, "producer_controller": PC.address},
+        "carries a SequencedRun without messages",
+    ),
+]
+MALFORMED_RUN_IDS = ["empty-address", "unresolvable-address", "undeserializable-element", "empty"]
+
+
+@pytest.mark.parametrize(("run", "problem"), MALFORMED_RUNS, ids=MALFORMED_RUN_IDS)
 def test_a_malformed_run_is_an_error_and_the_other_envelopes_are_decoded(
     codec: Codec, run: dict[str, Any], problem: str
 ) -> None:
@@ -854,6 +858,208 @@ def test_a_malformed_envelope_does_not_split_a_group(codec: Codec) -> None:
 
     assert groups == [("producer-controller", [Ack(1), Ack(2)])]
     assert len(errors) == 1
+
+
+# ------------------------------------------------------------ decode_frame(runs=True)
+
+
+def expanded(groups: list[tuple[str, list[Any]]]) -> list[tuple[str, list[Any]]]:
+    """``groups`` with each `SequencedRun` replaced by its messages (none taken yet)."""
+    out = []
+    for target, messages in groups:
+        flat: list[Any] = []
+        for message in messages:
+            flat += message.expand() if type(message) is SequencedRun else [message]
+        out.append((target, flat))
+    return out
+
+
+def refs_of(groups: list[tuple[str, list[Any]]]) -> list[object]:
+    """The producer controller ref of every SequencedMessage, in order (None for others)."""
+    return [getattr(m, "producer_controller", None) for _, ms in groups for m in ms]
+
+
+def assert_runs_decode_as_expanded(codec: Codec, frame: Frame) -> list[tuple[str, list[Any]]]:
+    """``decode_frame(frame, runs=True)`` gives one untaken `SequencedRun` per run
+    envelope, and expanding them gives exactly what ``decode_frame(frame)`` gives."""
+    one_by_one, errors = codec.decode_frame(frame)
+    with_runs, run_errors = codec.decode_frame(frame, runs=True)
+
+    assert (errors, run_errors) == ([], [])
+    runs = [m for _, ms in with_runs for m in ms if type(m) is SequencedRun]
+    assert len(runs) == bodies(frame).count("sequenced_run")
+    for run, envelope in zip(
+        runs, (e for e in frame.envelopes if e.WhichOneof("body") == "sequenced_run"), strict=True
+    ):
+        assert (run.producer_id, run.seq_nr + 1) == (
+            envelope.sequenced_run.producer_id,
+            envelope.sequenced_run.first_seq_nr,
+        )
+        assert run.remaining == len(envelope.sequenced_run.data)
+    assert all(
+        type(m) is not SequencedMessage or m.first or m.ack or type(m.message) is ChunkedMessage
+        for _, ms in with_runs
+        for m in ms
+    ), "a plain SequencedMessage left out of a run"
+    assert expanded(with_runs) == one_by_one
+    # The same ref objects: the consumer's fast path compares producer controllers by
+    # identity, so a run must name the object its session's first message named.
+    assert [id(r) for r in refs_of(expanded(with_runs))] == [id(r) for r in refs_of(one_by_one)]
+    assert [
+        type(m.message) for _, ms in expanded(with_runs) for m in ms if hasattr(m, "message")
+    ] == [type(m.message) for _, ms in one_by_one for m in ms if hasattr(m, "message")]
+    return with_runs
+
+
+def mixed_frame(codec: Codec, payload: Callable[[int], object]) -> Frame:
+    """Runs for two targets and two producers, broken by single messages (first, ack, a
+    chunk) and by messages for the producer controller."""
+    other_pc = Endpoint("127.0.0.1:7003/other-producer-controller")
+    return built(
+        codec,
+        (CONSUMER, sequenced(payload(1), 1, first=True)),
+        *((CONSUMER, sequenced(payload(n), n)) for n in range(2, 6)),
+        ("producer-controller", Request(0, 20)),
+        *((CONSUMER, sequenced(payload(n), n)) for n in range(6, 9)),
+        (CONSUMER, sequenced(payload(9), 9, ack=True)),
+        (CONSUMER, sequenced(payload(10), 10)),
+        (
+            "other-consumer",
+            sequenced(payload(1), 1, producer_id="p-2", producer_controller=other_pc),
+        ),
+        (
+            "other-consumer",
+            sequenced(payload(2), 2, producer_id="p-2", producer_controller=other_pc),
+        ),
+        (CONSUMER, sequenced(ChunkedMessage(b"piece", True, False, STR, ""), 11)),
+        (CONSUMER, sequenced(payload(12), 12)),
+        ("producer-controller", Ack(10)),
+    )
+
+
+PAYLOAD_MAKERS: dict[str, Callable[[int], object]] = {
+    "bytes": lambda n: bytes([n]) * 3,
+    "str": lambda n: f"text {n} ✓",
+    "json": lambda n: {"n": n, "items": [n, None, True]},
+    "protobuf": lambda n: Hello(node=f"127.0.0.1:{n}"),
+}
+
+
+@pytest.mark.parametrize("payload", PAYLOAD_MAKERS.values(), ids=PAYLOAD_MAKERS.keys())
+def test_decode_frame_with_runs_gives_each_run_as_one_sequenced_run(
+    codec: Codec, payload: Callable[[int], object]
+) -> None:
+    frame = mixed_frame(codec, payload)
+
+    groups = assert_runs_decode_as_expanded(codec, frame)
+
+    kinds = [[type(m).__name__ for m in ms] for _, ms in groups]
+    assert kinds == [
+        ["SequencedMessage", "SequencedRun"],  # 1 first; 2..5
+        ["Request"],
+        ["SequencedRun", "SequencedMessage", "SequencedRun"],  # 6..8; 9 ack; 10
+        ["SequencedRun"],  # the other consumer's 1..2
+        ["SequencedMessage", "SequencedRun"],  # 11 a chunk; 12
+        ["Ack"],
+    ]
+    run = groups[0][1][1]
+    assert (run.seq_nr, run.last_seq_nr, run.producer_controller) == (1, 5, PC)
+    assert run.take() == payload(2)
+
+
+def test_decode_frame_with_runs_deserializes_with_a_user_serializer_bound_to_bytes(
+    resolver: Resolver,
+) -> None:
+    serialization = Serialization()
+    serialization.register(BytesAsText(), for_types=(bytes,))
+    codec = Codec(serialization, resolver.address_of, resolver.ref_at)
+    frame = mixed_frame(codec, PAYLOAD_MAKERS["bytes"])
+    assert frame.envelopes[1].sequenced_run.serializer_id == USER_SERIALIZER_ID_MIN
+
+    groups = assert_runs_decode_as_expanded(codec, frame)
+
+    assert [m.message for m in groups[0][1][1].expand()] == [bytes([n]) * 3 for n in range(2, 6)]
+
+
+# One message to add to a frame: (target, producer, seq_nr step, kind, payload kind).
+frame_items = st.lists(
+    st.tuples(
+        st.sampled_from([CONSUMER, CONSUMER, "other-consumer", "producer-controller"]),
+        st.integers(0, 1),
+        st.sampled_from([1, 1, 1, 0, 2]),
+        st.sampled_from(["plain", "plain", "plain", "first", "ack", "chunk"]),
+        st.sampled_from(list(PAYLOAD_MAKERS)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items=frame_items)
+def test_decode_frame_with_runs_expands_to_what_decode_frame_gives(
+    items: list[tuple[str, int, int, str, str]],
+) -> None:
+    """Any mix of runs, single messages and other envelopes, as a `FrameBuilder` writes
+    it: the runs as `SequencedRun`, expanded, are exactly what ``decode_frame`` gives."""
+    resolver = Resolver()
+    codec = Codec(Serialization(), resolver.address_of, resolver.ref_at)
+    controllers = (PC, Endpoint("127.0.0.1:7003/other-producer-controller"))
+    seq_nrs = [0, 0]
+    sent: list[tuple[str, object]] = []
+    for target, producer, step, kind, payload_kind in items:
+        if target == "producer-controller":
+            sent.append((target, Ack(seq_nrs[0])))
+            continue
+        seq_nrs[producer] += step
+        seq_nr = seq_nrs[producer]
+        payload: object = PAYLOAD_MAKERS[payload_kind](seq_nr % 256)
+        if kind == "chunk":
+            payload = ChunkedMessage(b"piece", True, True, STR, "")
+        message = SequencedMessage(
+            f"producer-{producer}",
+            seq_nr,
+            payload,
+            kind == "first",
+            kind == "ack",
+            controllers[producer],
+        )
+        sent.append((target, message))
+
+    frame = built(codec, *sent)
+
+    assert_runs_decode_as_expanded(codec, frame)
+    assert decoded(codec, frame) == sent
+
+
+@pytest.mark.parametrize(("run", "problem"), MALFORMED_RUNS, ids=MALFORMED_RUN_IDS)
+def test_with_runs_a_malformed_run_is_an_error_and_the_other_envelopes_are_decoded(
+    codec: Codec, run: dict[str, Any], problem: str
+) -> None:
+    frame = built(
+        codec,
+        (CONSUMER, sequenced(b"a", 1)),
+        (CONSUMER, sequenced(b"b", 2)),
+        ("producer-controller", Ack(1)),
+    )
+    frame.envelopes.insert(1, run_envelope(**run))  # between the run of 1..2 and the Ack
+    frame.envelopes.add(target=CONSUMER, sequenced_run=frame.envelopes[0].sequenced_run)
+
+    groups, errors = codec.decode_frame(frame, runs=True)
+
+    [error] = errors
+    assert isinstance(error, CodecError)
+    assert problem in str(error)
+    assert [[type(m).__name__ for m in ms] for _, ms in groups] == [
+        ["SequencedRun"],
+        ["Ack"],
+        ["SequencedRun"],
+    ]
+    assert expanded(groups) == [
+        (CONSUMER, [sequenced(b"a", 1), sequenced(b"b", 2)]),
+        ("producer-controller", [Ack(1)]),
+        (CONSUMER, [sequenced(b"a", 1), sequenced(b"b", 2)]),
+    ]
+    assert groups[0][1][0] is not groups[2][1][0]  # each envelope its own cursor
 
 
 # ----------------------------------------------------------------------------- splitting
