@@ -480,7 +480,9 @@ class ConsumerCore:
             or self.consumer is None
         ):
             return None
-        message = run.take()  # never a chunk: runs hold plain messages only
+        # run.take(), inlined: never a chunk, runs hold plain messages only.
+        run.seq_nr = seq_nr
+        run.message = message = run.messages[seq_nr - run.first_seq_nr]
         self._heard = True
         self.received_seq_nr = seq_nr
         self.current = run

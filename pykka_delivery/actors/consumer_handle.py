@@ -294,10 +294,13 @@ class Consumer(DeliveryFeed):
         ready = self._ready.deliveries
         next_delivery = self._core.next_delivery
         next_run_delivery = self._core.next_run_delivery
+        acquire = lock.acquire
+        release = lock.release
         while True:
             # receive()'s steady state, inlined: it runs once per message.
             delivery = None
-            with lock:
+            acquire()  # not `with`: it costs more, once per message
+            try:
                 if (
                     inbox
                     and self._outstanding is None
@@ -317,6 +320,8 @@ class Consumer(DeliveryFeed):
                         if delivery is not None:
                             inbox.popleft()
                             self._outstanding = delivery
+            finally:
+                release()
             if delivery is None:
                 try:
                     delivery = self.receive()
@@ -431,7 +436,9 @@ class Consumer(DeliveryFeed):
         self._check_open()
 
     def _confirm(self, confirm_to: _ConfirmTo) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: this runs for every message, and `with` costs more
+        try:
             if self._closed:
                 self._check_open()
             outstanding = self._outstanding
@@ -448,6 +455,8 @@ class Consumer(DeliveryFeed):
             sends = self._outbox
             if sends:
                 self._outbox = []
+        finally:
+            lock.release()
         if sends:
             _tell_all(sends)
 

@@ -186,10 +186,10 @@ class SequencedRun:
     """
 
     __slots__ = (
-        "_first_seq_nr",
-        "_messages",
+        "first_seq_nr",
         "last_seq_nr",
         "message",
+        "messages",
         "producer_controller",
         "producer_id",
         "seq_nr",
@@ -203,8 +203,8 @@ class SequencedRun:
     ) -> None:
         self.producer_id = producer_id
         self.producer_controller = producer_controller
-        self._messages = messages
-        self._first_seq_nr = first_seq_nr
+        self.messages = messages
+        self.first_seq_nr = first_seq_nr
         self.last_seq_nr = first_seq_nr + len(messages) - 1
         self.seq_nr = first_seq_nr - 1  # of the message taken last
         self.message: Any = None
@@ -220,7 +220,7 @@ class SequencedRun:
     def take(self) -> Any:
         """The next message (there must be one); ``seq_nr`` and ``message`` become its."""
         self.seq_nr = seq_nr = self.seq_nr + 1
-        self.message = message = self._messages[seq_nr - self._first_seq_nr]
+        self.message = message = self.messages[seq_nr - self.first_seq_nr]
         return message
 
     def expand(self) -> list[SequencedMessage]:
@@ -231,7 +231,7 @@ class SequencedRun:
         return [
             new(pid, seq_nr, message, False, False, ref)
             for seq_nr, message in enumerate(
-                self._messages[self.seq_nr + 1 - self._first_seq_nr :], self.seq_nr + 1
+                self.messages[self.seq_nr + 1 - self.first_seq_nr :], self.seq_nr + 1
             )
         ]
 

@@ -152,7 +152,9 @@ class Producer(InboxLock, ProducerEffects):
             ClosedError: the producer was closed.
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: this runs for every message, and `with` costs more
+        try:
             core = self._core
             # The steady state first (send_through's first step, inlined).
             seq_msg = None if self._inbox or self._closed else core.next_message(message)
@@ -163,6 +165,8 @@ class Producer(InboxLock, ProducerEffects):
                 if self._inbox or self._closed or not core.has_demand:
                     self._wait_for(self._has_demand, timeout, "demand to send")
                 seq_nr = send_through(core, message, self._run)
+        finally:
+            lock.release()
         if self._inbox:
             self._after_release()
         return seq_nr
