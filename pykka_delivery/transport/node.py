@@ -219,7 +219,17 @@ class _Peer:
                 time.sleep(0)
 
     async def run(self) -> None:
-        """The writer: one frame per write, holding everything that was waiting."""
+        """The writer: one frame per write, holding everything that was waiting. It never
+        stops on an error of its own: a peer left without a writer would never be sent
+        anything again (what the failed frame held is resent by the protocol)."""
+        while True:
+            try:
+                await self._write_frames()
+            except Exception:
+                logger.exception("The writer to %s failed; it starts again", self.address)
+                await asyncio.sleep(self.node.settings.reconnect_backoff_min)
+
+    async def _write_frames(self) -> None:
         node = self.node
         settings = node.settings
         counters = node._counters
@@ -233,6 +243,9 @@ class _Peer:
                     self.wake.clear()
                     await self.wake.wait()
                 self.idle = False
+                # Look again: the wake-up a sender scheduled may come after an earlier
+                # frame took its message, and find the outbox empty.
+                continue
             if not self.streams:
                 await self._connect()
                 continue
