@@ -43,7 +43,6 @@ from pykka_delivery.actors.messages import (
     Delivery,
     Ref,
     Rejected,
-    SequencedMessage,
     SequencedRun,
 )
 from pykka_delivery.actors.registry import ServiceRegistry, default_registry
@@ -239,23 +238,6 @@ class Consumer(DeliveryFeed):
             with self._lock:
                 if self._closed or self._outstanding is not None:
                     self._check_can_receive()
-                inbox = self._inbox
-                if inbox and not self._ready.deliveries and not self._outbox:
-                    # The steady state, inlined: the next message is the next delivery.
-                    head = inbox[0]
-                    if type(head) is SequencedRun:
-                        delivery = self._core.next_run_delivery(head)
-                        if delivery is not None:
-                            if head.seq_nr == head.last_seq_nr:
-                                inbox.popleft()
-                            self._outstanding = delivery
-                            return delivery  # nothing to tell: the fast path has no effects
-                    elif type(head) is SequencedMessage:
-                        delivery = self._core.next_delivery(head)
-                        if delivery is not None:
-                            inbox.popleft()
-                            self._outstanding = delivery
-                            return delivery
                 delivery = self._next_ready()
                 if delivery is None and not self._outbox:
                     if self._core.is_stopped:
@@ -292,34 +274,29 @@ class Consumer(DeliveryFeed):
         lock = self._lock
         inbox = self._inbox
         ready = self._ready.deliveries
-        next_delivery = self._core.next_delivery
         next_run_delivery = self._core.next_run_delivery
         acquire = lock.acquire
         release = lock.release
         while True:
-            # receive()'s steady state, inlined: it runs once per message.
+            # The steady state over a transport, inlined (it runs once per message): the
+            # next message of the run at the head of the inbox is the next delivery.
             delivery = None
             acquire()  # not `with`: it costs more, once per message
             try:
                 if (
                     inbox
+                    and type(inbox[0]) is SequencedRun
                     and self._outstanding is None
                     and not self._closed
                     and not ready
                     and not self._outbox
                 ):
                     head = inbox[0]
-                    if type(head) is SequencedRun:
-                        delivery = next_run_delivery(head)
-                        if delivery is not None:
-                            if head.seq_nr == head.last_seq_nr:
-                                inbox.popleft()
-                            self._outstanding = delivery
-                    elif type(head) is SequencedMessage:
-                        delivery = next_delivery(head)
-                        if delivery is not None:
+                    delivery = next_run_delivery(head)
+                    if delivery is not None:
+                        if head.seq_nr == head.last_seq_nr:
                             inbox.popleft()
-                            self._outstanding = delivery
+                        self._outstanding = delivery
             finally:
                 release()
             if delivery is None:
