@@ -82,7 +82,8 @@ class CoordinatorInDriver:
         spark.dataSource.register(DeliveryDataSource)
         spark.conf.set(CONF_KEY, self.address)
         spark.sparkContext.setLocalProperty(CONF_KEY, self.address)
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # stop was called
+        self._done = threading.Event()  # stop finished
         self._stop_lock = threading.Lock()
         self._watcher = threading.Thread(
             target=self._watch,
@@ -115,7 +116,8 @@ class CoordinatorInDriver:
 
     @property
     def stopped(self) -> bool:
-        return self._stopped.is_set()
+        """True once `stop` finished: the server and the actor are stopped."""
+        return self._done.is_set()
 
     def stop(self) -> None:
         """Stop the server and the actor (its log is closed with it); again: nothing."""
@@ -129,6 +131,7 @@ class CoordinatorInDriver:
             self.actor.stop()
             if self._tmp is not None:
                 self._tmp.cleanup()
+            self._done.set()
 
     def __enter__(self) -> CoordinatorInDriver:
         return self
