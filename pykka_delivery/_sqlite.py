@@ -170,6 +170,24 @@ def create_versioned(
     )
 
 
+def prepare_versioned(
+    conn: sqlite3.Connection,
+    schema: str,
+    *,
+    component: str,
+    version: int,
+    what: str,
+    refuse: Callable[[str], Exception],
+) -> None:
+    """`create_versioned` in a transaction of its own (``BEGIN IMMEDIATE``): processes
+    opening a new file together do not both create the tables."""
+    with conn:
+        conn.execute("BEGIN IMMEDIATE")
+        create_versioned(
+            conn, schema, component=component, version=version, what=what, refuse=refuse
+        )
+
+
 def classify(error: sqlite3.Error) -> Literal["locked", "unreadable", "other"]:
     """Which of three answers an SQLite error calls for.
 

@@ -324,18 +324,15 @@ class SqliteDedupStore:
         )
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
-        """Refuse a newer schema, create the tables: one transaction, so that two openers
-        of a new file do not both create them."""
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            _sqlite.create_versioned(
-                conn,
-                _SCHEMA,
-                component=SCHEMA_COMPONENT,
-                version=SCHEMA_VERSION,
-                what=f"dedup store {self.path}",
-                refuse=DedupStoreError,
-            )
+        """Refuse a newer schema, create the tables."""
+        _sqlite.prepare_versioned(
+            conn,
+            _SCHEMA,
+            component=SCHEMA_COMPONENT,
+            version=SCHEMA_VERSION,
+            what=f"dedup store {self.path}",
+            refuse=DedupStoreError,
+        )
 
     def _error(self, doing: str, error: sqlite3.Error) -> DedupStoreError:
         kind = _sqlite.classify(error)

@@ -105,18 +105,15 @@ class SqliteRowLedger:
         )
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
-        """Refuse a newer schema, create the tables: one transaction, so that processes
-        opening a new file together do not both create them."""
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            _sqlite.create_versioned(
-                conn,
-                _SCHEMA,
-                component=SCHEMA_COMPONENT,
-                version=SCHEMA_VERSION,
-                what=f"row ledger {self.path}",
-                refuse=LedgerError,
-            )
+        """Refuse a newer schema, create the tables."""
+        _sqlite.prepare_versioned(
+            conn,
+            _SCHEMA,
+            component=SCHEMA_COMPONENT,
+            version=SCHEMA_VERSION,
+            what=f"row ledger {self.path}",
+            refuse=LedgerError,
+        )
 
     def _error(self, doing: str, error: sqlite3.Error) -> LedgerError:
         kind = _sqlite.classify(error)

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from pykka_delivery import AsyncConsumer, Consumer, ConsumerControllerSettings, Producer
+from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.dead_letters import MemoryDeadLetters
 from pykka_delivery.actors.messages import (
     Ack,
@@ -268,10 +269,21 @@ def test_a_consumer_across_nodes_rejecting_some_messages_gets_all_in_order(
 
 
 async def test_an_async_consumer_across_nodes_takes_runs_in_order(
-    nodes: list[Node], timers: TimerService
+    nodes: list[Node], timers: TimerService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The `AsyncConsumer` takes runs too (its endpoint says ``takes_runs``): every
-    message, in order, once, with a rejection in the middle of a run redelivered first."""
+    message, in order, once, with a rejection in the middle of a run redelivered first,
+    and most deliveries taken straight from a run."""
+    from_runs = []
+    take_from_run = ConsumerCore.next_run_delivery
+
+    def counted(core: ConsumerCore, run: SequencedRun) -> Any:
+        delivery = take_from_run(core, run)
+        if delivery is not None:
+            from_runs.append(delivery.seq_nr)
+        return delivery
+
+    monkeypatch.setattr(ConsumerCore, "next_run_delivery", counted)
     a, b = start(nodes), start(nodes)
     settings = ConsumerControllerSettings(
         flow_control_window=50, resend_interval_min=0.2, redelivery_backoff=0.01
@@ -303,4 +315,5 @@ async def test_an_async_consumer_across_nodes_takes_runs_in_order(
         consumer.close()
         producer.close()
     assert seen == [(n, 1) for n in range(501)] + [(500, 2)] + [(n, 1) for n in range(501, 1000)]
+    assert len(from_runs) > 500  # runs under load: the producer sends faster than one by one
     assert b.statistics().envelopes_received >= 1000
