@@ -1,21 +1,67 @@
 """Producer service: sends numbered messages reliably to a consumer in another process.
 
     python examples/remote_producer.py --port 7001 --count 100000
+    python examples/remote_producer.py --port 7001 --count 100000 --asyncio
 
-It starts a node on 127.0.0.1:PORT and exposes its `Producer` as ``orders``. Start the
+It starts a node on 127.0.0.1:PORT and exposes its producer as ``orders``. Start the
 consumer service (examples/remote_consumer.py) against ``127.0.0.1:PORT/orders``, in any
 order: the producer waits for demand. It prints one JSON line when every message is
 confirmed.
+
+With ``--asyncio`` it is an asyncio service: the node runs on the program's event loop
+(``async with Node()``) and an `AsyncProducer` sends on that loop, with no thread between
+them; otherwise a `Producer` sends from the main thread to a node with a loop thread of
+its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 
-from pykka_delivery import Producer
+from pykka_delivery import AsyncProducer, Producer
 from pykka_delivery.transport import Node, NodeSettings
+
+
+def run(args: argparse.Namespace, payload: bytes) -> None:
+    with Node(NodeSettings(port=args.port, token=args.token)) as node:
+        producer = Producer(args.name, self_ref_factory=node.expose(args.name))
+        announce(node, args.name)
+        started = None
+        for number in range(1, args.count + 1):
+            producer.send(number.to_bytes(8, "big") + payload[8:], timeout=args.timeout)
+            if started is None:
+                started = time.perf_counter()  # from the first accepted message
+        producer.wait_confirmed(timeout=args.timeout)
+        report(args.count, started, producer.statistics().resent)
+        producer.close()
+
+
+async def run_asyncio(args: argparse.Namespace, payload: bytes) -> None:
+    async with Node(NodeSettings(port=args.port, token=args.token)) as node:
+        producer = AsyncProducer(args.name, self_ref_factory=node.expose(args.name))
+        announce(node, args.name)
+        started = None
+        for number in range(1, args.count + 1):
+            await producer.send(number.to_bytes(8, "big") + payload[8:], timeout=args.timeout)
+            if started is None:
+                started = time.perf_counter()
+        await producer.wait_confirmed(timeout=args.timeout)
+        report(args.count, started, producer.statistics().resent)
+        producer.close()
+
+
+def announce(node: Node, name: str) -> None:
+    print(json.dumps({"ready": True, "address": f"{node.address}/{name}"}), flush=True)
+
+
+def report(count: int, started: float | None, resent: int) -> None:
+    seconds = time.perf_counter() - (started or time.perf_counter())
+    rate = round(count / seconds) if seconds else None
+    summary = {"sent": count, "seconds": round(seconds, 3), "msgs_per_s": rate, "resent": resent}
+    print(json.dumps(summary), flush=True)
 
 
 def main() -> None:
@@ -26,31 +72,13 @@ def main() -> None:
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--token", default=None, help="shared secret of the nodes")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--asyncio", action="store_true", help="an asyncio service")
     args = parser.parse_args()
     payload = b"x" * args.payload_bytes
-    with Node(NodeSettings(port=args.port, token=args.token)) as node:
-        producer = Producer(args.name, self_ref_factory=node.expose(args.name))
-        print(json.dumps({"ready": True, "address": f"{node.address}/{args.name}"}), flush=True)
-        started = None
-        for number in range(1, args.count + 1):
-            producer.send(number.to_bytes(8, "big") + payload[8:], timeout=args.timeout)
-            if started is None:
-                started = time.perf_counter()  # from the first accepted message
-        producer.wait_confirmed(timeout=args.timeout)
-        seconds = time.perf_counter() - (started or time.perf_counter())
-        stats = producer.statistics()
-        print(
-            json.dumps(
-                {
-                    "sent": args.count,
-                    "seconds": round(seconds, 3),
-                    "msgs_per_s": round(args.count / seconds) if seconds else None,
-                    "resent": stats.resent,
-                }
-            ),
-            flush=True,
-        )
-        producer.close()
+    if args.asyncio:
+        asyncio.run(run_asyncio(args, payload))
+    else:
+        run(args, payload)
 
 
 if __name__ == "__main__":

@@ -639,6 +639,7 @@ class AsyncConsumer(DeliveryFeed):
         self._closed = False
         self._outstanding: Delivery | None = None
         self._outbox: list[tuple[Ref, Any]] = []  # told once the core's step is done
+        self._told = False  # something was told since receive() last let the loop run
         self._endpoint = _ConsumerEndpoint(self)
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
@@ -687,6 +688,12 @@ class AsyncConsumer(DeliveryFeed):
         """
         if get_ident() != self._loop_thread:
             _wrong_thread("AsyncConsumer")
+        if self._told:
+            # A Request or Ack went out since the last turn: let the loop's other tasks
+            # run once, so that a transport on this loop (``async with Node()``) writes it
+            # now rather than after every delivery ready here is processed.
+            self._told = False
+            await asyncio.sleep(0)
         deadline = None
         while True:
             if self._closed or self._outstanding is not None or self._waiter is not None:
@@ -918,6 +925,7 @@ class AsyncConsumer(DeliveryFeed):
         sends = self._outbox
         if sends:
             self._outbox = []
+            self._told = True
             for to, message in sends:
                 to.tell(message)
 

@@ -204,9 +204,12 @@ class _Peer:
         if self.idle:
             self.idle = False
             node = self.node
-            node._loop.call_soon_threadsafe(self.wake.set)
-            if type(message) in PROMPT and threading.get_ident() != node._loop_thread_id:
-                time.sleep(0)  # the node's thread writes it now; the other side waits for it
+            if threading.get_ident() == node._loop_thread_id:
+                self.wake.set()  # told on the node's loop (an asyncio handle sharing it)
+            else:
+                node._loop.call_soon_threadsafe(self.wake.set)
+                if type(message) in PROMPT:
+                    time.sleep(0)  # the node's thread writes it now; the other side waits
         else:
             now = time.monotonic()
             if (
@@ -373,7 +376,11 @@ class Node:
         settings: see `NodeSettings`.
         serialization: how payloads are encoded on the wire.
 
-    Use ``with Node(...) as node:`` or `start` / `stop`. Expose a controller or handle with
+    Use ``with Node(...) as node:`` or `start` / `stop`: the node runs its asyncio loop in
+    a thread of its own. In asyncio code, ``async with Node(...) as node:`` (or
+    `start_async` / `stop_async`) runs it on the running loop instead: no thread of its
+    own, and the asyncio handles (`AsyncProducer`, `AsyncConsumer`) on that loop exchange
+    messages with it without a thread hop. Expose a controller or handle with
     ``self_ref_factory=node.expose("name")`` and reach one elsewhere with
     ``node.ref("host:port/name")``.
     """
@@ -390,10 +397,10 @@ class Node:
         self._listeners: list[Callable[[str, bool], None]] = []
         self._counters = _Counters()
         self._codec = Codec(self._serialization, self._address_of, self.ref)
+        # What a message told before start is queued on (start_async swaps in its loop).
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="pykka-delivery-node", daemon=True
-        )
+        self._thread: threading.Thread | None = None  # the node's own loop thread (start)
+        self._running = False
         self._server: grpc.aio.Server | None = None
         self._loop_thread_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -406,7 +413,12 @@ class Node:
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self) -> Node:
-        """Start the server; ``address`` is then ``host:port`` (the bound port if 0)."""
+        """Start the server on a loop thread of the node's own; ``address`` is then
+        ``host:port`` (the bound port if 0)."""
+        self._check_not_started()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pykka-delivery-node", daemon=True
+        )
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start_server(), self._loop)
         try:
@@ -414,26 +426,68 @@ class Node:
         except Exception:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        self.bound_address = f"{self.settings.host}:{port}"
-        self.address = self.settings.advertised_address or self.bound_address
-        logger.info("Node listening on %s", self.address)
+        self._started(port)
+        return self
+
+    async def start_async(self) -> Node:
+        """Start the server on the running asyncio loop (no thread of the node's own);
+        stop it with `stop_async` on that loop."""
+        self._check_not_started()
+        self._loop.close()  # made for `start`; nothing was scheduled on it before start
+        self._loop = asyncio.get_running_loop()
+        self._started(await self._start_server())
         return self
 
     def stop(self) -> None:
-        """Close every link and the server (in-flight calls get ``shutdown_grace``)."""
-        if not self._thread.is_alive():
+        """Close every link and the server (in-flight calls get ``shutdown_grace``).
+
+        Raises:
+            RuntimeError: called on the asyncio loop the node runs on (`start_async`):
+                ``await node.stop_async()`` there instead.
+        """
+        if not self._running:
             return
-        future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        if self._thread is None and threading.get_ident() == self._loop_thread_id:
+            msg = (
+                "Node.stop() would block the asyncio loop this node runs on: "
+                "use `await node.stop_async()` (or `async with Node()`)"
+            )
+            raise RuntimeError(msg)
+        future = asyncio.run_coroutine_threadsafe(self.stop_async(), self._loop)
         with contextlib.suppress(Exception):
-            future.result(timeout=self.settings.shutdown_grace + 10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+            future.result(timeout=self.settings.shutdown_grace * 2 + 10)
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    async def stop_async(self) -> None:
+        """`stop`, awaited on the node's loop."""
+        if self._running:
+            self._running = False
+            await self._shutdown()
 
     def __enter__(self) -> Node:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    async def __aenter__(self) -> Node:
+        return await self.start_async()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop_async()
+
+    def _check_not_started(self) -> None:
+        if self._running or self._loop_thread_id:
+            msg = "this Node was started already: a node starts once (make a new one)"
+            raise RuntimeError(msg)
+
+    def _started(self, port: int) -> None:
+        self._running = True
+        self.bound_address = f"{self.settings.host}:{port}"
+        self.address = self.settings.advertised_address or self.bound_address
+        logger.info("Node listening on %s", self.address)
 
     # --- naming ----------------------------------------------------------------------
 
@@ -493,7 +547,12 @@ class Node:
             if peer is None:
                 peer = _Peer(self, address)
                 self._peers[address] = peer
-                self._loop.call_soon_threadsafe(self._spawn, peer.run())
+                if not self._loop_thread_id:
+                    pass  # not started: the peer's writer starts with the node
+                elif threading.get_ident() == self._loop_thread_id:
+                    self._spawn(peer.run())
+                else:
+                    self._loop.call_soon_threadsafe(self._spawn, peer.run())
         return peer
 
     def _spawn(self, coroutine: Any) -> None:
@@ -620,7 +679,10 @@ class Node:
         ]
 
     async def _start_server(self) -> int:
-        self._loop_thread_id = threading.get_ident()
+        with self._peers_lock:  # peers told something before start get their writers now
+            self._loop_thread_id = threading.get_ident()
+            for peer in self._peers.values():
+                self._spawn(peer.run())
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
         transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]

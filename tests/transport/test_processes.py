@@ -68,10 +68,10 @@ def wait_for_lines(path: Path, count: int, proc: Proc, timeout: float = 30.0) ->
         time.sleep(0.005)
 
 
-def start_producer(spawn: Spawn, count: int) -> tuple[Proc, str]:
+def start_producer(spawn: Spawn, count: int, *options: str) -> tuple[Proc, str]:
     """The producer service on a free port (port 0: the node binds and announces it, so
     there is no window in which another process could take a port picked in advance)."""
-    producer = spawn("producer", PRODUCER, "--port", "0", "--count", str(count))
+    producer = spawn("producer", PRODUCER, "--port", "0", "--count", str(count), *options)
     return producer, producer.ready()
 
 
@@ -106,16 +106,27 @@ def sender_done(sender: Proc, key: str, downstream: Proc) -> dict[str, Any]:
 # --- delivery --------------------------------------------------------------------------
 
 
-def test_two_processes_deliver_100_000_messages_in_order_exactly_once(spawn: Spawn) -> None:
+@pytest.mark.parametrize(
+    "producer_mode, consumer_mode",
+    [((), ()), (("--asyncio",), ("--asyncio",)), ((), ("--asyncio",))],
+    ids=["threads", "asyncio", "threads-to-asyncio"],
+)
+def test_two_processes_deliver_100_000_messages_in_order_exactly_once(
+    spawn: Spawn, producer_mode: tuple[str, ...], consumer_mode: tuple[str, ...]
+) -> None:
+    """With the sync handles and nodes on loop threads of their own, with the asyncio
+    handles and nodes on the services' event loops (``async with Node()``), and mixed."""
     deadline = time.monotonic() + BOUND
-    producer, address = start_producer(spawn, 100_000)
-    consumer = spawn("consumer", CONSUMER, "--producer", address, "--count", "100000")
+    producer, address = start_producer(spawn, 100_000, *producer_mode)
+    consumer = spawn(
+        "consumer", CONSUMER, "--producer", address, "--count", "100000", *consumer_mode
+    )
     consumer.ready()
 
     received = consumed(consumer, deadline)
     sent = sender_done(producer, "sent", consumer)
 
-    print(f"\ntwo processes: consumer {received}, producer {sent}")
+    print(f"\ntwo processes ({producer_mode}, {consumer_mode}): {received}, producer {sent}")
     assert (received["received"], received["duplicates"], received["gaps"]) == (100_000, 0, 0)
     assert sent["sent"] == 100_000
 
