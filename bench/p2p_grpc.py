@@ -6,11 +6,18 @@ confirmation, 100-byte payloads. Measured in the same run:
 * ``handle``: `Producer` -> `Consumer` handles, windows 50 and 500 (msgs/s);
 * ``actor``: producer actor -> ProducerController -> ConsumerController -> consumer actor,
   window 500 (msgs/s);
+* ``async_handle``: `AsyncProducer` -> `AsyncConsumer`, each on its process's event loop
+  with the node on that loop too (``async with Node()``), window 500 (msgs/s);
 * ``latency``: end-to-end latency through the handles (window 500) at fixed rates of
-  2 000, 10 000 and 100 000 msgs/s: the payload carries the CLOCK_MONOTONIC send time
-  (shared by both processes) and the consumer takes the difference on receipt;
+  2 000, 10 000 and 100 000 msgs/s, for both kinds of handles (keys ``p99_ms_at_2k``
+  for the sync handles, ``async_p99_ms_at_2k`` for the asyncio ones): the payload
+  carries the CLOCK_MONOTONIC send time (shared by both processes) and the consumer takes
+  the difference on receipt;
 * ceiling ``grpc``: a raw bidirectional gRPC stream moving the same SequencedMessage
-  envelopes batched 500 per frame, no flow control, no confirmation;
+  envelopes batched as the transport batched them in the same round (the mean number of
+  messages per frame of the window-500 handle run: 250, since the consumer grants half a
+  window at a time), no flow control, no confirmation; ``grpc_ceiling_500`` is the same
+  with 500 messages per frame, a stricter bound shown beside it;
 * ceiling ``pykka_pingpong``: a raw pykka ping-pong (each message waits for its reply).
 
 The last line printed is one JSON object with the figures.
@@ -44,9 +51,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.p2p_local import pykka_pingpong  # noqa: E402
 from pykka_delivery import (  # noqa: E402
+    AsyncConsumer,
+    AsyncProducer,
     Consumer,
     ConsumerController,
     ConsumerControllerSettings,
+    Delivery,
     Producer,
     ProducerController,
     RegisterToProducerController,
@@ -62,32 +72,73 @@ RAW_BATCH = 500
 # --- child process: the consumer side ------------------------------------------------
 
 
-def child_handle(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
-    with Node() as node:
-        settings = ConsumerControllerSettings(flow_control_window=window)
-        consumer = Consumer(settings, self_ref_factory=node.expose("bench-consumer"))
-        consumer.register_to(node.ref(producer_path))
-        delays: list[float] = []
-        started = 0.0
-        for delivery in consumer:
-            if latency:
-                if delivery.seq_nr > 1:  # 1 is the warm-up: it waited for the session
-                    delays.append(time.monotonic() - float(delivery.message[:20]))
-            elif delivery.seq_nr == 1:
-                started = time.perf_counter()
-            delivery.confirm()
-            if delivery.seq_nr >= count:
-                break
-        seconds = time.perf_counter() - started
-        consumer.close()
-    if latency:
-        delays.sort()
+class _Tally:
+    """What the consumer side measures: the rate from the first delivery on, or (with
+    ``latency``) each message's delay from the send time it carries."""
+
+    def __init__(self, count: int, latency: bool) -> None:
+        self.count = count
+        self.latency = latency
+        self.delays: list[float] = []
+        self.started = 0.0
+        self.seconds = 0.0
+
+    def take(self, delivery: Delivery) -> bool:
+        """Count ``delivery`` (before its confirmation); True at the last one."""
+        if self.latency:
+            if delivery.seq_nr > 1:  # 1 is the warm-up: it waited for the session
+                self.delays.append(time.monotonic() - float(delivery.message[:20]))
+        elif delivery.seq_nr == 1:
+            self.started = time.perf_counter()
+        if delivery.seq_nr >= self.count:
+            self.seconds = time.perf_counter() - self.started
+            return True
+        return False
+
+    def result(self, node: Node) -> dict[str, Any]:
+        stats = node.statistics()
+        per_frame = stats.envelopes_received / max(1, stats.frames_received)
+        if not self.latency:
+            return {"msgs_per_s": (self.count - 1) / self.seconds, "msgs_per_frame": per_frame}
+        delays = sorted(self.delays)
         return {
             "p50_ms": delays[len(delays) // 2] * 1000,
             "p99_ms": delays[int(len(delays) * 0.99)] * 1000,
             "max_ms": delays[-1] * 1000,
         }
-    return {"msgs_per_s": (count - 1) / seconds}
+
+
+def child_handle(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
+    with Node() as node:
+        settings = ConsumerControllerSettings(flow_control_window=window)
+        consumer = Consumer(settings, self_ref_factory=node.expose("bench-consumer"))
+        consumer.register_to(node.ref(producer_path))
+        tally = _Tally(count, latency)
+        for delivery in consumer:
+            last = tally.take(delivery)
+            delivery.confirm()
+            if last:
+                break
+        consumer.close()
+        return tally.result(node)
+
+
+def child_async(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
+    async def consume() -> dict[str, Any]:
+        async with Node() as node:
+            settings = ConsumerControllerSettings(flow_control_window=window)
+            consumer = AsyncConsumer(settings, self_ref_factory=node.expose("bench-consumer"))
+            consumer.register_to(node.ref(producer_path))
+            tally = _Tally(count, latency)
+            async for delivery in consumer:
+                last = tally.take(delivery)
+                delivery.confirm()
+                if last:
+                    break
+            consumer.close()
+            return tally.result(node)
+
+    return asyncio.run(consume())
 
 
 class _Confirmer(pykka.ThreadingActor):
@@ -173,25 +224,31 @@ def result_of(child: subprocess.Popen[str]) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+PERIOD = 0.001  # paced runs send rate * PERIOD messages at once, every PERIOD seconds
+
+
+def stamped() -> bytes:
+    """A payload carrying the send time (CLOCK_MONOTONIC, shared by both processes)."""
+    return f"{time.monotonic():<20.9f}".encode() + PAYLOAD[20:]
+
+
 def run_handle(count: int, window: int, rate: float | None = None) -> dict[str, Any]:
     with Node() as node:
         producer = Producer("bench", self_ref_factory=node.expose("bench"))
         child = spawn("handle", f"{node.address}/bench", str(count), str(window), str(bool(rate)))
-        period = 0.001
-        per_tick = max(1, round((rate or 0) * period))
         sent = 0
         if rate:  # warm up: the paced messages must not wait for the session to start
-            producer.send(f"{time.monotonic():<20.9f}".encode() + PAYLOAD[20:], timeout=120)
+            producer.send(stamped(), timeout=120)
             producer.wait_confirmed(timeout=120)
             sent = 1
+        per_tick = max(1, round((rate or 0) * PERIOD))
         next_tick = time.monotonic()
         while sent < count:
             if rate:
                 for _ in range(min(per_tick, count - sent)):
-                    stamp = f"{time.monotonic():<20.9f}".encode()
-                    producer.send(stamp + PAYLOAD[20:], timeout=120)
+                    producer.send(stamped(), timeout=120)
                     sent += 1
-                next_tick += period
+                next_tick += PERIOD
                 pause = next_tick - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
@@ -201,6 +258,42 @@ def run_handle(count: int, window: int, rate: float | None = None) -> dict[str, 
         result = result_of(child)
         producer.close()
     return result
+
+
+def run_async_handle(count: int, window: int, rate: float | None = None) -> dict[str, Any]:
+    """`run_handle` with the asyncio handles, each process's node on its event loop."""
+
+    async def produce() -> dict[str, Any]:
+        async with Node() as node:
+            producer = AsyncProducer("bench", self_ref_factory=node.expose("bench"))
+            path = f"{node.address}/bench"
+            child = spawn("async", path, str(count), str(window), str(bool(rate)))
+            sent = 0
+            if rate:
+                await producer.send(stamped(), timeout=120)
+                await producer.wait_confirmed(timeout=120)
+                sent = 1
+            per_tick = max(1, round((rate or 0) * PERIOD))
+            next_tick = time.monotonic()
+            while sent < count:
+                if rate:
+                    for _ in range(min(per_tick, count - sent)):
+                        await producer.send(stamped(), timeout=120)
+                        sent += 1
+                    next_tick += PERIOD
+                    # asyncio rounds timers up to whole milliseconds: a late tick is
+                    # caught up by the next (the schedule is absolute), as in run_handle.
+                    pause = next_tick - time.monotonic()
+                    if pause > 0:
+                        await asyncio.sleep(pause)
+                else:
+                    await producer.send(PAYLOAD, timeout=120)
+                    sent += 1
+            result = await asyncio.to_thread(result_of, child)
+            producer.close()
+            return result
+
+    return asyncio.run(produce())
 
 
 class _Numbers(pykka.ThreadingActor):
@@ -225,7 +318,7 @@ def run_actor(count: int, window: int) -> dict[str, Any]:
     return result
 
 
-def run_raw(count: int, port_file: Path) -> dict[str, Any]:
+def run_raw(count: int, port_file: Path, batch: int = RAW_BATCH) -> dict[str, Any]:
     port_file.unlink(missing_ok=True)
     child = spawn("raw", str(port_file), str(count))
     deadline = time.monotonic() + 30
@@ -241,7 +334,7 @@ def run_raw(count: int, port_file: Path) -> dict[str, Any]:
             sent = 0
             while sent < count:
                 frame = transport_pb2.Frame()
-                for _ in range(min(RAW_BATCH, count - sent)):
+                for _ in range(min(batch, count - sent)):
                     envelope = frame.envelopes.add()
                     envelope.target = "bench-consumer"
                     message = envelope.sequenced
@@ -269,19 +362,27 @@ def cpu_ticks() -> tuple[int, int]:
 def one_round(n: int, port_file: Path, quick: bool) -> dict[str, float]:
     """Every figure once, each ceiling right before the route it bounds."""
     figures: dict[str, float] = {}
-    figures["grpc_ceiling_msgs_per_s"] = run_raw(n, port_file)["msgs_per_s"]
-    figures["handle_msgs_per_s"] = run_handle(n, 500)["msgs_per_s"]
+    handle = run_handle(n, 500)
+    figures["handle_msgs_per_s"] = handle["msgs_per_s"]
+    figures["msgs_per_frame"] = handle["msgs_per_frame"]
+    batch = round(handle["msgs_per_frame"])  # the ceiling batches as the transport did
+    figures["grpc_ceiling_msgs_per_s"] = run_raw(n, port_file, batch)["msgs_per_s"]
+    figures["async_handle_msgs_per_s"] = run_async_handle(n, 500)["msgs_per_s"]
+    figures["grpc_ceiling_500_msgs_per_s"] = run_raw(n, port_file, RAW_BATCH)["msgs_per_s"]
     figures["handle_w50_msgs_per_s"] = run_handle(n // 2, 50)["msgs_per_s"]
     figures["pykka_pingpong_msgs_per_s"] = pykka_pingpong(20_000)
     figures["actor_msgs_per_s"] = run_actor(n // 10, 500)["msgs_per_s"]
     for rate, key in ((2_000, "2k"), (10_000, "10k"), (100_000, "100k")):
-        seconds = 2.0 if quick else 5.0
-        latency = run_handle(max(2_000, int(rate * seconds)), 500, rate)
-        figures[f"p50_ms_at_{key}"] = latency["p50_ms"]
-        figures[f"p99_ms_at_{key}"] = latency["p99_ms"]
-    figures["handle_vs_grpc_ceiling"] = (
-        figures["handle_msgs_per_s"] / figures["grpc_ceiling_msgs_per_s"]
-    )
+        count = max(2_000, int(rate * (2.0 if quick else 5.0)))
+        for route, prefix in ((run_handle, ""), (run_async_handle, "async_")):
+            latency = route(count, 500, rate)
+            figures[f"{prefix}p50_ms_at_{key}"] = latency["p50_ms"]
+            figures[f"{prefix}p99_ms_at_{key}"] = latency["p99_ms"]
+    for route in ("handle", "async_handle"):
+        for ceiling in ("grpc_ceiling", "grpc_ceiling_500"):
+            figures[f"{route}_vs_{ceiling}"] = (
+                figures[f"{route}_msgs_per_s"] / figures[f"{ceiling}_msgs_per_s"]
+            )
     figures["actor_vs_pingpong"] = (
         figures["actor_msgs_per_s"] / figures["pykka_pingpong_msgs_per_s"]
     )
@@ -293,6 +394,8 @@ def main() -> None:
         role, *args = sys.argv[2:]
         if role == "handle":
             out = child_handle(args[0], int(args[1]), int(args[2]), args[3] == "True")
+        elif role == "async":
+            out = child_async(args[0], int(args[1]), int(args[2]), args[3] == "True")
         elif role == "actor":
             out = child_actor(args[0], int(args[1]), int(args[2]))
         else:
@@ -314,11 +417,10 @@ def main() -> None:
     # ratios (each round measures a ceiling and its route minutes apart at most).
     figures = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     for key, value in figures.items():
-        each = ", ".join(
-            f"{r[key]:.3f}" if "ms" in key or "_vs_" in key else f"{r[key]:,.0f}" for r in rounds
-        )
-        shown = f"{value:>14,.3f}" if "ms" in key or "_vs_" in key else f"{value:>14,.0f}"
-        print(f"{key:<28}{shown}   ({each})")
+        exact = "_ms_" in key or "_vs_" in key
+        each = ", ".join(f"{r[key]:.3f}" if exact else f"{r[key]:,.0f}" for r in rounds)
+        shown = f"{value:>14,.3f}" if exact else f"{value:>14,.0f}"
+        print(f"{key:<36}{shown}   ({each})")
     summary = {k: round(v, 3) for k, v in figures.items()}
     summary["runs"] = runs
     # How much of the machine its host took meanwhile (steal): a noisy run shows here.

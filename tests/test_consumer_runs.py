@@ -16,13 +16,21 @@ test's thread, except where a test says otherwise; every wait is bounded by `WAI
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
-from pykka_delivery import ClosedError, Consumer, ConsumerControllerSettings, LocalProtocolError
+from pykka_delivery import (
+    AsyncConsumer,
+    ClosedError,
+    Consumer,
+    ConsumerControllerSettings,
+    LocalProtocolError,
+)
+from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.dead_letters import MemoryDeadLetters
 from pykka_delivery.actors.messages import (
     Ack,
@@ -367,3 +375,96 @@ def test_close_in_the_middle_of_a_run_acks_what_was_confirmed_and_ends_everythin
     consumer.ref.tell_many([run(pc, 6, 7)])  # type: ignore[attr-defined] # ignored
     assert consumer.statistics().confirmed == 2
     pc.expect_no_message()
+
+
+# --- the AsyncConsumer over runs ---------------------------------------------------------
+
+
+@pytest.fixture
+async def async_consumer(timers: ManualTimerService) -> AsyncIterator[AsyncConsumer]:
+    c = AsyncConsumer(SETTINGS, timer_service=timers, dead_letters=MemoryDeadLetters())
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("as_runs", [True, False], ids=["runs", "messages"])
+async def test_async_iteration_over_runs_delivers_and_requests_as_over_messages(
+    async_consumer: AsyncConsumer, pc: Probe, as_runs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from_runs = count_deliveries_from_runs(monkeypatch)
+    told: list[Any] = [first(pc)]
+    for r in [run(pc, 2, 5), run(pc, 6, 6), run(pc, 7, 12)]:
+        told += [r] if as_runs else r.expand()
+
+    async_consumer.ref.tell_many(told)  # type: ignore[attr-defined]
+
+    deliveries = []
+    async for delivery in async_consumer:
+        deliveries.append(delivery)
+        delivery.confirm()
+        if delivery.seq_nr == 12:
+            break
+    assert seen(deliveries) == in_order(1, 12)
+    assert pc.drain() == [Request(0, 20), Request(1, 20), Request(10, 30)]
+    assert from_runs == (list(range(2, 13)) if as_runs else [])
+
+
+async def test_async_iteration_redelivers_a_rejected_message_of_a_run_before_the_rest(
+    async_consumer: AsyncConsumer, pc: Probe, timers: ManualTimerService
+) -> None:
+    async_consumer.ref.tell_many([first(pc), run(pc, 2, 5)])  # type: ignore[attr-defined]
+    iterator = aiter(async_consumer)
+    for _ in range(2):
+        (await anext(iterator)).confirm()
+    rejected = await anext(iterator)
+
+    rejected.reject("flaky")
+
+    with pytest.raises(WouldBlock):  # 4 and 5 wait: the rejected one comes again first
+        async_consumer.receive_nowait()
+    timers.fire_all()
+    got = []
+    for _ in range(3):
+        delivery = await anext(iterator)
+        got.append((delivery.message, delivery.seq_nr, delivery.attempt))
+        delivery.confirm()
+    assert got == [("m3", 3, 2), ("m4", 4, 1), ("m5", 5, 1)]
+
+
+async def test_a_delivery_confirmed_on_a_thread_cannot_be_confirmed_again_on_the_loop(
+    async_consumer: AsyncConsumer, pc: Probe
+) -> None:
+    """The loop's own confirm path is a shortcut: it still refuses a delivery a worker
+    thread confirmed already, before the loop took that confirmation in."""
+    async_consumer.ref.tell_many([first(pc), run(pc, 2, 3)])  # type: ignore[attr-defined]
+    iterator = aiter(async_consumer)
+    (await anext(iterator)).confirm()
+    delivery = await anext(iterator)
+    worker = threading.Thread(target=delivery.confirm)
+    worker.start()
+    worker.join(WAIT)  # the loop is blocked meanwhile: the confirmation waits for it
+
+    with pytest.raises(LocalProtocolError, match="confirm each delivery once"):
+        delivery.confirm()
+
+    await asyncio.sleep(0)  # the loop takes the worker's confirmation in
+    last = await anext(iterator)
+    assert (last.seq_nr, async_consumer.statistics().confirmed) == (3, 2)
+    last.confirm()
+    assert async_consumer.statistics().confirmed == 3
+
+
+def count_deliveries_from_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The seq_nrs delivered straight from runs (`ConsumerCore.next_run_delivery`), from
+    now on."""
+    from_runs: list[int] = []
+    take_from_run = ConsumerCore.next_run_delivery
+
+    def counted(core: ConsumerCore, run: SequencedRun) -> Delivery | None:
+        delivery = take_from_run(core, run)
+        if delivery is not None:
+            from_runs.append(delivery.seq_nr)
+        return delivery
+
+    monkeypatch.setattr(ConsumerCore, "next_run_delivery", counted)
+    return from_runs

@@ -70,11 +70,13 @@ from pykka_delivery.actors.effects import (
     WriteDeadLetter,
 )
 from pykka_delivery.actors.messages import (
+    CONFIRMED,
     Delivery,
     Ref,
     RegisterConsumer,
     Rejected,
     RequestNext,
+    SequencedRun,
 )
 from pykka_delivery.actors.producer_core import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.actors.settings import ConsumerControllerSettings, ProducerControllerSettings
@@ -252,11 +254,18 @@ class AsyncProducer(ProducerEffects):
         self._busy = True
         try:
             core = self._core
+            # The steady state first (send_through's first step, inlined).
+            seq_msg = None if self._inbox or self._closed else core.next_message(message)
+            if seq_msg is not None:
+                core.consumer.tell(seq_msg)  # type: ignore[union-attr] # set while active
+                return seq_msg.seq_nr
             if self._inbox or self._closed or not core.has_demand:
                 await self._wait_for(self._has_demand, timeout, "demand to send")
             return send_through(core, message, self._run)
         finally:
-            self._leave()
+            self._busy = False  # _leave, once there is something to take in
+            if self._inbox:
+                self._leave()
 
     async def send_many(self, messages: Iterable[Any], timeout: float | None = None) -> list[int]:
         """Send ``messages`` in order, each once the consumer has room for it; returns their
@@ -562,19 +571,28 @@ class _ConsumerEndpoint:
 
 class _ConfirmTo:
     """``Delivery.confirm_to`` of one delivery: confirming is a direct call, and a second
-    confirmation of the same delivery is told apart from the next one's."""
+    confirmation of the same delivery is told apart from the next one's.
 
-    __slots__ = ("_consumer", "used")
+    Each `AsyncConsumer` makes its own subclass naming it (`_confirm_to_class`), so that
+    one is made per delivery without an ``__init__`` call. ``used`` is set (in the
+    instance's ``__dict__``) by a confirmation made on another thread, which reaches the
+    loop later: a second one meanwhile is refused.
+    """
 
-    def __init__(self, consumer: AsyncConsumer) -> None:
-        self._consumer = consumer
-        self.used = False
+    _consumer: AsyncConsumer
+    used = False
 
     def tell(self, message: Any) -> None:
-        if type(message) is Rejected:
+        if message is CONFIRMED:
+            self._consumer._confirm(self)
+        elif type(message) is Rejected:
             self._consumer._reject(self, message.reason)
         else:
             self._consumer._confirm(self)
+
+
+def _confirm_to_class(consumer: AsyncConsumer) -> type[_ConfirmTo]:
+    return type("_ConfirmTo", (_ConfirmTo,), {"_consumer": consumer})
 
 
 class AsyncConsumer(DeliveryFeed):
@@ -652,7 +670,7 @@ class AsyncConsumer(DeliveryFeed):
             self._self_ref,
             settings,
             serialization,
-            new_confirm_to=lambda: _ConfirmTo(self),
+            new_confirm_to=_confirm_to_class(self),
             dedup_positions=positions,
         )
         self._run(self._core.on_spawned())
@@ -735,6 +753,26 @@ class AsyncConsumer(DeliveryFeed):
         return self
 
     async def __anext__(self) -> Delivery:
+        # The steady state over a transport, inlined (it runs once per message): the next
+        # message of the run at the head of the inbox is the next delivery.
+        inbox = self._inbox
+        if (
+            inbox
+            and type(inbox[0]) is SequencedRun
+            and self._outstanding is None
+            and not self._told
+            and not self._closed
+            and self._waiter is None
+            and not self._ready.deliveries
+            and get_ident() == self._loop_thread
+        ):
+            head = inbox[0]
+            delivery = self._core.next_run_delivery(head)
+            if delivery is not None:
+                if head.seq_nr == head.last_seq_nr:
+                    inbox.popleft()
+                self._outstanding = delivery
+                return delivery
         try:
             return await self.receive()
         except ClosedError:
@@ -871,6 +909,21 @@ class AsyncConsumer(DeliveryFeed):
 
     def _confirm(self, confirm_to: _ConfirmTo) -> None:
         """Any thread; the core's part runs on the loop."""
+        outstanding = self._outstanding
+        if (
+            outstanding is not None
+            and outstanding.confirm_to is confirm_to
+            and not confirm_to.used
+            and not self._closed
+            and get_ident() == self._loop_thread
+        ):
+            # On the loop, the steady state (it runs once per message).
+            self._outstanding = None
+            effects = self._core.on_confirmed()
+            if effects:  # mostly none: a Request goes out once per half window
+                self._run(effects)
+                self._flush()
+            return
         self._check_confirm(confirm_to)
         confirm_to.used = True
         if get_ident() == self._loop_thread:
