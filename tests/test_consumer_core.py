@@ -649,10 +649,26 @@ def test_link_to_the_producers_node_coming_back_makes_the_consumer_retry_at_once
     rig.pc.node_address = "127.0.0.1:7001"  # type: ignore[attr-defined] - as a RemoteRef has
     open_session(rig)
     rig.deliver_and_confirm(2)
+    rig.feed(PeerLinkChanged("127.0.0.1:7001", up=False))
 
     rig.feed(PeerLinkChanged("127.0.0.1:7001", up=True))
 
     rig.pc.expect(Request(2, 20, True, True))  # no waiting for the retry timer
+    rig.pc.expect_no_message()
+
+
+def test_a_link_opening_for_the_first_time_changes_nothing() -> None:
+    """The link a consumer's registration opens lost nothing: retrying then registered
+    twice and had the producer resend its whole window at every session start."""
+    rig = start()
+    rig.pc.node_address = "127.0.0.1:7001"  # type: ignore[attr-defined]
+    rig.feed(RegisterToProducerController(rig.pc))
+    rig.pc.expect(RegisterConsumer(rig.cc))
+
+    rig.feed(PeerLinkChanged("127.0.0.1:7001", up=True))  # while registering
+    rig.pc.expect_no_message()
+    open_session(rig)
+    rig.feed(PeerLinkChanged("127.0.0.1:7001", up=True))  # while active, never down
     rig.pc.expect_no_message()
 
 

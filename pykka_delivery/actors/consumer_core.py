@@ -220,6 +220,7 @@ class ConsumerCore:
         "_half",
         "_handlers",
         "_heard",
+        "_links_down",
         "_min_interval",
         "_redelivering",
         "_rejected",
@@ -286,6 +287,7 @@ class ConsumerCore:
         self.current: SequencedMessage | SequencedRun | None = None
         self._retry_interval = settings.resend_interval_min
         self._heard = False  # a SequencedMessage arrived since the last retry tick
+        self._links_down: set[str] = set()  # nodes whose link went down and is not back
         self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
         self._dropped = self._retries = 0
         # Deduplication: positions per producer id (None: off), and the current session's
@@ -679,9 +681,20 @@ class ConsumerCore:
     def on_peer_link_changed(self, event: PeerLinkChanged) -> list[Effect]:
         """The link to a node came back: if our producer controller (or the one we are
         registering to) lives there, retry now rather than at the next timer tick, since
-        whatever was in flight when the link broke is lost."""
+        whatever was in flight when the link broke is lost.
+
+        Only a link that went down comes *back*: the first opening of a link (the one our
+        `RegisterConsumer` opened, say) lost nothing, and retrying then would register
+        twice and have the producer resend its whole window.
+        """
+        if not event.up:
+            self._links_down.add(event.peer)
+            return []
+        if event.peer not in self._links_down:
+            return []
+        self._links_down.discard(event.peer)
         phase = self.phase
-        if not event.up or phase not in (_ACTIVE, _RESENDING):
+        if phase not in (_ACTIVE, _RESENDING):
             return []
         peer_ref = self.registering if self.registering is not None else self.producer_controller
         if getattr(peer_ref, "node_address", None) != event.peer:

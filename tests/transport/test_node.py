@@ -29,6 +29,7 @@ from pykka_delivery import (
     RequestNext,
 )
 from pykka_delivery.actors.messages import PeerLinkChanged, SequencedMessage
+from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
 from pykka_delivery.transport.codec import FrameBuilder
@@ -115,6 +116,31 @@ def test_ten_thousand_messages_cross_nodes_in_order_exactly_once_in_batches(
     assert stats.envelopes_sent >= 10_000
     assert stats.frames_sent < stats.envelopes_sent / 5  # batched, not one per write
     assert a.statistics().links_opened == 1  # one link for both directions
+
+
+def test_a_consumer_registers_once_over_a_link_its_registration_opened(
+    nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first opening of a link is no reconnection: the consumer does not register
+    again when it comes up (which had the producer resend its first message and window)."""
+    registrations = []
+    register = ProducerCore.on_register_consumer
+
+    def counted(core: ProducerCore, consumer_controller: Any) -> Any:
+        registrations.append(consumer_controller)
+        return register(core, consumer_controller)
+
+    monkeypatch.setattr(ProducerCore, "on_register_consumer", counted)
+    a, b = start(nodes), start(nodes)
+    # No registration retry on the timer within the test (the link opens in milliseconds).
+    slow_retry = ConsumerControllerSettings(resend_interval_min=30.0, resend_interval_max=60.0)
+    producer, consumer = connect(a, b, settings=slow_retry)
+    reader = Reader(consumer, 100)
+
+    send_all(producer, range(100))
+
+    assert reader.wait() == list(range(100))
+    assert len(registrations) == 1
 
 
 def test_controller_actors_on_two_nodes_deliver_in_order(nodes: list[Node]) -> None:
