@@ -184,6 +184,7 @@ class _Peer:
         self.yield_after = node.settings.yield_after
         self.outbox: deque[tuple[str, Any]] = deque()
         self.idle = False
+        self.woken_on_loop = False  # by a sender on the node's loop (no thread to wait for)
         self.oldest = 0.0  # when the outbox last went from empty to not empty
         self.wake = asyncio.Event()
         self.streams: list[_Stream] = []
@@ -205,8 +206,10 @@ class _Peer:
             self.idle = False
             node = self.node
             if threading.get_ident() == node._loop_thread_id:
+                self.woken_on_loop = True
                 self.wake.set()  # told on the node's loop (an asyncio handle sharing it)
             else:
+                self.woken_on_loop = False
                 node._loop.call_soon_threadsafe(self.wake.set)
                 if type(message) in PROMPT:
                     time.sleep(0)  # the node's thread writes it now; the other side waits
@@ -256,6 +259,7 @@ class _Peer:
                 await asyncio.sleep(settings.linger)
             elif (
                 last_frame >= _BURST
+                and not self.woken_on_loop
                 and type(outbox[-1][1]) not in PROMPT
                 and len(outbox) < settings.max_batch
             ):
@@ -263,7 +267,9 @@ class _Peer:
                 # may be in the middle of one (waking us released its GIL for a moment).
                 # Give the GIL back once so the burst fills this frame instead of the
                 # next; it yields to us again after yield_after at the latest. At low
-                # rates (small frames) this hand-off would only add latency.
+                # rates (small frames) this hand-off would only add latency, and so it
+                # does when the sender shares our loop: it has finished its burst when we
+                # run (measured: 0.13 ms more to the start of each write at 100k msgs/s).
                 time.sleep(0)
             # Consecutive SequencedMessages of one producer share one envelope (a run).
             builder = FrameBuilder(codec)

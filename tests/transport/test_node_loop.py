@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from pykka_delivery import AsyncConsumer, AsyncProducer, ConsumerControllerSettings
+from pykka_delivery import (
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    ConsumerControllerSettings,
+    Producer,
+)
 from pykka_delivery.actors.messages import PeerLinkChanged, Request, SequencedMessage
 from pykka_delivery.transport import Node, NodeSettings
+from pykka_delivery.transport import node as node_module
 from tests.tcp_proxy import TcpProxy
 from tests.transport.test_node import Sink, free_port
 
@@ -160,3 +168,62 @@ async def test_an_async_consumer_gives_the_loop_a_turn_after_telling_the_produce
     # confirming 2 (half the window left) a third: the next receive after each takes a
     # turn; confirming 3 tells nothing: 4 takes none.
     assert turns == [(False, 1), (True, 2), (True, 3), (False, 3)]
+
+
+class _CountingTime:
+    """The node module's ``time``, counting ``sleep(0)`` calls (GIL hand-offs)."""
+
+    def __init__(self) -> None:
+        self.handoffs = 0
+
+    def sleep(self, seconds: float) -> None:
+        if seconds == 0:
+            self.handoffs += 1
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+async def test_a_writer_woken_by_a_sender_on_its_loop_does_not_hand_the_gil_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sender sharing the node's loop has finished its burst when the writer runs:
+    giving the GIL away there only delays the write (a thread of grpc's takes it)."""
+    counting = _CountingTime()
+    monkeypatch.setattr(node_module, "time", counting)
+    async with Node() as a, Node() as b:
+        assert await deliver(a, b, 3_000, window=500) == list(range(3_000))
+        assert a.statistics().envelopes_sent / a.statistics().frames_sent >= 16  # bursts
+    assert counting.handoffs == 0
+
+
+def test_a_writer_woken_by_a_sender_on_another_thread_hands_the_gil_off_in_bursts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: a `Producer` on its own thread, nodes with loop threads of their own."""
+    counting = _CountingTime()
+    monkeypatch.setattr(node_module, "time", counting)
+    with Node() as a, Node() as b:
+        settings = ConsumerControllerSettings(flow_control_window=500)
+        producer = Producer("numbers", self_ref_factory=a.expose("numbers"))
+        consumer = Consumer(settings, self_ref_factory=b.expose("numbers-consumer"))
+        consumer.register_to(b.ref(f"{a.address}/numbers"))
+        received = []
+
+        def receive_all() -> None:
+            for delivery in consumer:
+                received.append(delivery.message)
+                delivery.confirm()
+                if len(received) == 3_000:
+                    return
+
+        reader = threading.Thread(target=receive_all)
+        reader.start()
+        for number in range(3_000):
+            producer.send(number, timeout=WAIT)
+        reader.join(WAIT)
+        producer.close()
+        consumer.close()
+    assert received == list(range(3_000))
+    assert counting.handoffs > 0
