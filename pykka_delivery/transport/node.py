@@ -184,7 +184,7 @@ class _Peer:
         self.yield_after = node.settings.yield_after
         self.outbox: deque[tuple[str, Any]] = deque()
         self.idle = False
-        self.woken_on_loop = False  # by a sender on the node's loop (no thread to wait for)
+        self.woken_on_loop = False  # by a sender on the node's loop (see _write_frames)
         self.oldest = 0.0  # when the outbox last went from empty to not empty
         self.wake = asyncio.Event()
         self.streams: list[_Stream] = []
@@ -242,6 +242,9 @@ class _Peer:
         codec = node._codec
         outbox = self.outbox
         last_frame = 0  # messages in the frame built last
+        # Until a wake-up says otherwise: the senders of a node on its caller's loop share
+        # that loop, those of a node with a loop thread of its own are other threads.
+        self.woken_on_loop = node._thread is None
         while True:
             if not outbox:
                 self.idle = True

@@ -171,13 +171,15 @@ async def test_an_async_consumer_gives_the_loop_a_turn_after_telling_the_produce
 
 
 class _CountingTime:
-    """The node module's ``time``, counting ``sleep(0)`` calls (GIL hand-offs)."""
+    """The node module's ``time``, counting ``sleep(0)`` calls (GIL hand-offs), on
+    ``thread`` only if given (other tests' threads may still be winding down)."""
 
-    def __init__(self) -> None:
+    def __init__(self, thread: int | None = None) -> None:
+        self.thread = thread
         self.handoffs = 0
 
     def sleep(self, seconds: float) -> None:
-        if seconds == 0:
+        if seconds == 0 and self.thread in (None, threading.get_ident()):
             self.handoffs += 1
         time.sleep(seconds)
 
@@ -190,7 +192,7 @@ async def test_a_writer_woken_by_a_sender_on_its_loop_does_not_hand_the_gil_off(
 ) -> None:
     """A sender sharing the node's loop has finished its burst when the writer runs:
     giving the GIL away there only delays the write (a thread of grpc's takes it)."""
-    counting = _CountingTime()
+    counting = _CountingTime(threading.get_ident())  # the loop's: where the writers run
     monkeypatch.setattr(node_module, "time", counting)
     async with Node() as a, Node() as b:
         assert await deliver(a, b, 3_000, window=500) == list(range(3_000))

@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from pykka_delivery import AsyncConsumer, Consumer, ConsumerControllerSettings, Producer
-from pykka_delivery.actors.consumer_core import ConsumerCore
 from pykka_delivery.actors.dead_letters import MemoryDeadLetters
 from pykka_delivery.actors.messages import (
     Ack,
@@ -32,6 +31,7 @@ from pykka_delivery.actors.messages import (
 from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node
+from tests.test_consumer_runs import count_deliveries_from_runs
 
 WAIT = 20.0
 
@@ -274,16 +274,7 @@ async def test_an_async_consumer_across_nodes_takes_runs_in_order(
     """The `AsyncConsumer` takes runs too (its endpoint says ``takes_runs``): every
     message, in order, once, with a rejection in the middle of a run redelivered first,
     and most deliveries taken straight from a run."""
-    from_runs = []
-    take_from_run = ConsumerCore.next_run_delivery
-
-    def counted(core: ConsumerCore, run: SequencedRun) -> Any:
-        delivery = take_from_run(core, run)
-        if delivery is not None:
-            from_runs.append(delivery.seq_nr)
-        return delivery
-
-    monkeypatch.setattr(ConsumerCore, "next_run_delivery", counted)
+    from_runs = count_deliveries_from_runs(monkeypatch)
     a, b = start(nodes), start(nodes)
     settings = ConsumerControllerSettings(
         flow_control_window=50, resend_interval_min=0.2, redelivery_backoff=0.01
