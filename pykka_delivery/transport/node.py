@@ -406,7 +406,8 @@ class Node:
         self._listeners: list[Callable[[str, bool], None]] = []
         self._counters = _Counters()
         self._codec = Codec(self._serialization, self._address_of, self.ref)
-        # What a message told before start is queued on (start_async swaps in its loop).
+        # The node's loop: its own, run on a thread of its own by `start`, or the caller's
+        # once `start_async` swaps it in.
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None  # the node's own loop thread (start)
         self._running = False
@@ -556,11 +557,10 @@ class Node:
             if peer is None:
                 peer = _Peer(self, address)
                 self._peers[address] = peer
-                if not self._loop_thread_id:
-                    pass  # not started: the peer's writer starts with the node
-                elif threading.get_ident() == self._loop_thread_id:
+                # Not started yet: its writer starts with the node (_start_server).
+                if threading.get_ident() == self._loop_thread_id:
                     self._spawn(peer.run())
-                else:
+                elif self._loop_thread_id:
                     self._loop.call_soon_threadsafe(self._spawn, peer.run())
         return peer
 
