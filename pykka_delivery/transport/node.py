@@ -411,6 +411,7 @@ class Node:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None  # the node's own loop thread (start)
         self._running = False
+        self._writing = False  # peers' writers run (once the node has its address)
         self._server: grpc.aio.Server | None = None
         self._loop_thread_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -432,11 +433,10 @@ class Node:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start_server(), self._loop)
         try:
-            port = future.result(timeout=30)
+            future.result(timeout=30)
         except Exception:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        self._started(port)
         return self
 
     async def start_async(self) -> Node:
@@ -445,7 +445,7 @@ class Node:
         self._check_not_started()
         self._loop.close()  # made for `start`; nothing was scheduled on it before start
         self._loop = asyncio.get_running_loop()
-        self._started(await self._start_server())
+        await self._start_server()
         return self
 
     def stop(self) -> None:
@@ -492,12 +492,6 @@ class Node:
         if self._running or self._loop_thread_id:
             msg = "this Node was started already: a node starts once (make a new one)"
             raise RuntimeError(msg)
-
-    def _started(self, port: int) -> None:
-        self._running = True
-        self.bound_address = f"{self.settings.host}:{port}"
-        self.address = self.settings.advertised_address or self.bound_address
-        logger.info("Node listening on %s", self.address)
 
     # --- naming ----------------------------------------------------------------------
 
@@ -557,10 +551,12 @@ class Node:
             if peer is None:
                 peer = _Peer(self, address)
                 self._peers[address] = peer
-                # Not started yet: its writer starts with the node (_start_server).
-                if threading.get_ident() == self._loop_thread_id:
+                # Before the node has its address its writer waits (_start_server).
+                if not self._writing:
+                    pass
+                elif threading.get_ident() == self._loop_thread_id:
                     self._spawn(peer.run())
-                elif self._loop_thread_id:
+                else:
                     self._loop.call_soon_threadsafe(self._spawn, peer.run())
         return peer
 
@@ -687,11 +683,10 @@ class Node:
             ("grpc.http2.lookahead_bytes", 4 * s.max_message_bytes),
         ]
 
-    async def _start_server(self) -> int:
-        with self._peers_lock:  # peers told something before start get their writers now
-            self._loop_thread_id = threading.get_ident()
-            for peer in self._peers.values():
-                self._spawn(peer.run())
+    async def _start_server(self) -> None:
+        """On the node's loop: serve, take the address, then start the writers of peers
+        told something before (a writer's first frame says who we are)."""
+        self._loop_thread_id = threading.get_ident()
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
         transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
@@ -699,7 +694,14 @@ class Node:
             server, f"{s.host}:{s.port}", s.tls, ["pykka_delivery.transport.v1.Node"]
         )
         self._server = server
-        return port
+        self._running = True
+        self.bound_address = f"{s.host}:{port}"
+        self.address = s.advertised_address or self.bound_address
+        logger.info("Node listening on %s", self.address)
+        with self._peers_lock:
+            self._writing = True
+            for peer in self._peers.values():
+                self._spawn(peer.run())
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         return open_channel(address, self.settings.tls, self._grpc_options())

@@ -125,6 +125,9 @@ def test_what_is_told_before_start_leaves_once_the_node_starts(on_loop: bool) ->
         b.register("sink", sink)
         a = Node()
         a.ref(f"{b.address}/sink").tell(Request(0, 10, True, False))  # queued, no writer yet
+        # Its writer starts once the node has an address: its first frame, the link's
+        # hello, says who is dialling (an empty one is refused).
+        assert not a._tasks
         if on_loop:
 
             async def start_and_stop() -> None:
