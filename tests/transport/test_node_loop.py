@@ -9,6 +9,7 @@ something (else its Request waits until every delivery ready is processed).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Any
@@ -107,8 +108,10 @@ async def test_stop_on_the_loop_the_node_runs_on_is_refused_naming_stop_async() 
 
 async def test_stop_from_another_thread_stops_a_node_on_a_loop() -> None:
     node = await Node().start_async()
+    host, port = node.bound_address.rsplit(":", 1)
     await asyncio.to_thread(node.stop)
-    assert node._server is not None
+    with pytest.raises(ConnectionRefusedError):  # the server is gone
+        socket.create_connection((host, int(port)), timeout=5).close()
     with pytest.raises(RuntimeError, match="started already"):
         await node.start_async()
 
