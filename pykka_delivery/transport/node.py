@@ -457,6 +457,11 @@ class Node:
         """
         if not self._running:
             return
+        if self._thread is None and self._loop.is_closed():
+            # The caller's loop ended (asyncio.run returned) with the node on it: its tasks
+            # were cancelled with the loop; nothing is left to stop.
+            self._running = False
+            return
         if self._thread is None and threading.get_ident() == self._loop_thread_id:
             msg = (
                 "Node.stop() would block the asyncio loop this node runs on: "

@@ -9,6 +9,7 @@ something (else its Request waits until every delivery ready is processed).
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
@@ -114,6 +115,19 @@ async def test_stop_from_another_thread_stops_a_node_on_a_loop() -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     with pytest.raises(RuntimeError, match="started already"):
         await node.start_async()
+
+
+# grpc's Server.__del__ cannot schedule its own shutdown on the closed loop, and says so.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .AioServer.shutdown. was never awaited")
+def test_stop_after_the_loop_a_node_ran_on_has_ended_does_nothing() -> None:
+    node = asyncio.run(Node().start_async())  # never stopped on its loop
+
+    node.stop()
+
+    assert not node._running
+    del node
+    gc.collect()  # grpc's complaint, here rather than in a later test
 
 
 def test_a_node_starts_once() -> None:
