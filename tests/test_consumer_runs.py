@@ -392,6 +392,14 @@ async def test_async_iteration_over_runs_delivers_and_requests_as_over_messages(
     async_consumer: AsyncConsumer, pc: Probe, as_runs: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from_runs = count_deliveries_from_runs(monkeypatch)
+    receives = []
+    receive = AsyncConsumer.receive
+
+    def counted(consumer: AsyncConsumer, timeout: float | None = None) -> Any:
+        receives.append(timeout)
+        return receive(consumer, timeout)
+
+    monkeypatch.setattr(AsyncConsumer, "receive", counted)
     told: list[Any] = [first(pc)]
     for r in [run(pc, 2, 5), run(pc, 6, 6), run(pc, 7, 12)]:
         told += [r] if as_runs else r.expand()
@@ -407,6 +415,10 @@ async def test_async_iteration_over_runs_delivers_and_requests_as_over_messages(
     assert seen(deliveries) == in_order(1, 12)
     assert pc.drain() == [Request(0, 20), Request(1, 20), Request(10, 30)]
     assert from_runs == (list(range(2, 13)) if as_runs else [])
+    # Runs are taken in __anext__ itself: `receive` only for the first message (not in a
+    # run) and after a Request was told (for the loop's turn: after 1 and after 10);
+    # messages one by one all go through it.
+    assert len(receives) == (3 if as_runs else 12)
 
 
 async def test_async_iteration_redelivers_a_rejected_message_of_a_run_before_the_rest(

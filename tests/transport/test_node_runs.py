@@ -32,6 +32,7 @@ from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node
 from tests.test_consumer_runs import count_deliveries_from_runs
+from tests.transport.test_node import Sink
 
 WAIT = 20.0
 
@@ -57,15 +58,15 @@ def start(nodes: list[Node]) -> Node:
     return node
 
 
-class Recorder:
+class Recorder(Sink):
     """An exposed target that records what it is told (link events aside), each message
-    of a run as it was when it arrived; ``wait`` for a number of messages."""
+    of a run as it was when it arrived (in ``messages``); ``wait`` for a number of
+    messages."""
 
     def __init__(self) -> None:
+        super().__init__()  # messages: runs expanded at arrival
         self.received: list[Any] = []  # as told: runs, messages
-        self.messages: list[Any] = []  # runs expanded at arrival
         self.calls = 0  # tells and tell_many calls with anything but link events
-        self.changed = threading.Condition()
 
     def tell(self, message: Any) -> None:
         self._record([message])
@@ -81,13 +82,6 @@ class Recorder:
                 else:
                     self.messages.append(message)
             self.changed.notify_all()
-
-    def wait(self, count: int) -> list[Any]:
-        with self.changed:
-            assert self.changed.wait_for(lambda: len(self.messages) >= count, WAIT), (
-                f"got {len(self.messages)} of {count}"
-            )
-        return self.messages
 
 
 class BatchRecorder(Recorder):
@@ -224,6 +218,20 @@ def test_one_run_envelope_is_one_sequenced_run_or_its_messages_and_counts_per_me
     assert stats.malformed == 0
 
 
+def send_from(
+    a: Node, b: Node, consumer: Consumer | AsyncConsumer, timers: TimerService, count: int
+) -> tuple[Producer, threading.Thread]:
+    """A `Producer` exposed on ``a`` as "orders", ``consumer`` (exposed on ``b``)
+    registered to it, and a thread sending it the numbers below ``count``."""
+    producer = Producer("orders", timer_service=timers, self_ref_factory=a.expose("orders"))
+    consumer.register_to(b.ref(f"{a.address}/orders"))
+    sender = threading.Thread(
+        target=lambda: [producer.send(n, timeout=WAIT) for n in range(count)], daemon=True
+    )
+    sender.start()
+    return producer, sender
+
+
 def test_a_consumer_across_nodes_rejecting_some_messages_gets_all_in_order(
     nodes: list[Node], timers: TimerService
 ) -> None:
@@ -233,21 +241,16 @@ def test_a_consumer_across_nodes_rejecting_some_messages_gets_all_in_order(
     settings = ConsumerControllerSettings(
         flow_control_window=20, resend_interval_min=0.2, redelivery_backoff=0.01
     )
-    producer = Producer("orders", timer_service=timers, self_ref_factory=a.expose("orders"))
     consumer = Consumer(
         settings,
         timer_service=timers,
         self_ref_factory=b.expose("consumer"),
         dead_letters=MemoryDeadLetters(),
     )
-    consumer.register_to(b.ref(f"{a.address}/orders"))
     expected = []  # (message, attempt): every 7th rejected once, then redelivered
     for n in range(300):
         expected += [(n, 1), (n, 2)] if n % 7 == 3 else [(n, 1)]
-    sender = threading.Thread(
-        target=lambda: [producer.send(n, timeout=WAIT) for n in range(300)], daemon=True
-    )
-    sender.start()
+    producer, sender = send_from(a, b, consumer, timers, 300)
     seen = []
     try:
         while len(seen) < len(expected):
@@ -279,18 +282,13 @@ async def test_an_async_consumer_across_nodes_takes_runs_in_order(
     settings = ConsumerControllerSettings(
         flow_control_window=50, resend_interval_min=0.2, redelivery_backoff=0.01
     )
-    producer = Producer("orders", timer_service=timers, self_ref_factory=a.expose("orders"))
     consumer = AsyncConsumer(
         settings,
         timer_service=timers,
         self_ref_factory=b.expose("async-consumer"),
         dead_letters=MemoryDeadLetters(),
     )
-    consumer.register_to(b.ref(f"{a.address}/orders"))
-    sender = threading.Thread(
-        target=lambda: [producer.send(n, timeout=WAIT) for n in range(1000)], daemon=True
-    )
-    sender.start()
+    producer, sender = send_from(a, b, consumer, timers, 1000)
     seen = []
     try:
         while len(seen) < 1001:
