@@ -18,6 +18,10 @@ confirmation, 100-byte payloads. Measured in the same run:
   messages per frame of the window-500 handle run: 250, since the consumer grants half a
   window at a time), no flow control, no confirmation; ``grpc_ceiling_500`` is the same
   with 500 messages per frame, a stricter bound shown beside it;
+* latency floor ``grpc``: the same raw stream paced as the handles are, one frame a
+  burst of stamped messages, its server taking each message's delay as the consumer
+  does (keys ``grpc_p50_ms_at_2k``, ``grpc_p99_ms_at_2k``...): what gRPC alone gives on
+  this machine at that moment, with no protocol, no handle and no transport;
 * ceiling ``pykka_pingpong``: a raw pykka ping-pong (each message waits for its reply).
 
 The last line printed is one JSON object with the figures.
@@ -40,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,21 +90,28 @@ class _Tally:
 
     def take(self, delivery: Delivery) -> bool:
         """Count ``delivery`` (before its confirmation); True at the last one."""
+        return self.record(delivery.seq_nr, delivery.message)
+
+    def record(self, seq_nr: int, payload: bytes) -> bool:
+        """Count message ``seq_nr`` carrying ``payload``; True at the last one."""
         if self.latency:
-            if delivery.seq_nr > 1:  # 1 is the warm-up: it waited for the session
-                self.delays.append(time.monotonic() - float(delivery.message[:20]))
-        elif delivery.seq_nr == 1:
+            if seq_nr > 1:  # 1 is the warm-up: it waited for the session
+                self.delays.append(time.monotonic() - float(payload[:20]))
+        elif seq_nr == 1:
             self.started = time.perf_counter()
-        if delivery.seq_nr >= self.count:
+        if seq_nr >= self.count:
             self.seconds = time.perf_counter() - self.started
             return True
         return False
 
-    def result(self, node: Node) -> dict[str, Any]:
-        stats = node.statistics()
-        per_frame = stats.envelopes_received / max(1, stats.frames_received)
+    def result(self, node: Node | None) -> dict[str, Any]:
         if not self.latency:
-            return {"msgs_per_s": (self.count - 1) / self.seconds, "msgs_per_frame": per_frame}
+            rate = (self.count - 1) / self.seconds
+            if node is None:
+                return {"msgs_per_s": rate}
+            stats = node.statistics()
+            per_frame = stats.envelopes_received / max(1, stats.frames_received)
+            return {"msgs_per_s": rate, "msgs_per_frame": per_frame}
         delays = sorted(self.delays)
         return {
             "p50_ms": delays[len(delays) // 2] * 1000,
@@ -171,37 +183,44 @@ def child_actor(producer_path: str, count: int, window: int) -> dict[str, Any]:
 
 
 class _RawServicer(transport_pb2_grpc.NodeServicer):
-    def __init__(self, count: int, done: asyncio.Event) -> None:
-        self.count = count
+    def __init__(self, tally: _Tally, done: asyncio.Event) -> None:
+        self.tally = tally
         self.done = done
-        self.started = 0.0
-        self.received = 0
 
     async def Link(self, request_iterator: Any, context: Any) -> None:
-        async for frame in request_iterator:
-            if not self.started:
-                self.started = time.perf_counter()
+        tally = self.tally
+        received = 0
+        while (frame := await context.read()) is not grpc.aio.EOF:
+            if tally.latency:  # each message's delay, as the handles' consumer takes it
+                for envelope in frame.envelopes:
+                    message = envelope.sequenced
+                    if tally.record(message.seq_nr, message.payload.data):
+                        self.done.set()
+                        return
+                continue
+            if not received:
+                tally.started = time.perf_counter()
             for envelope in frame.envelopes:  # touch each message as a consumer would
                 _ = envelope.sequenced.payload.data
-            self.received += len(frame.envelopes)
-            if self.received >= self.count:
+            received += len(frame.envelopes)
+            if received >= tally.count:
+                tally.seconds = time.perf_counter() - tally.started
                 self.done.set()
                 return
 
 
-def child_raw(port_file: str, count: int) -> dict[str, Any]:
+def child_raw(port_file: str, count: int, latency: bool) -> dict[str, Any]:
     async def serve() -> dict[str, Any]:
         done = asyncio.Event()
-        servicer = _RawServicer(count, done)
+        tally = _Tally(count, latency)
         server = grpc.aio.server()
-        transport_pb2_grpc.add_NodeServicer_to_server(servicer, server)
+        transport_pb2_grpc.add_NodeServicer_to_server(_RawServicer(tally, done), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         Path(port_file).write_text(str(port))
         await done.wait()
-        seconds = time.perf_counter() - servicer.started
         await server.stop(0.5)
-        return {"msgs_per_s": count / seconds}
+        return tally.result(None)
 
     return asyncio.run(serve())
 
@@ -260,6 +279,24 @@ def run_handle(count: int, window: int, rate: float | None = None) -> dict[str, 
     return result
 
 
+async def paced(count: int, rate: float, burst: Callable[[int], Awaitable[None]]) -> None:
+    """Send messages 2..``count`` (1 was the warm-up) at ``rate``: ``burst(n)`` sends the
+    next ``n``, ``rate * PERIOD`` of them every PERIOD seconds. asyncio rounds timers up
+    to whole milliseconds: a late tick is caught up by the next (the schedule is absolute),
+    as in `run_handle`."""
+    per_tick = max(1, round(rate * PERIOD))
+    sent = 1
+    next_tick = time.monotonic()
+    while sent < count:
+        n = min(per_tick, count - sent)
+        await burst(n)
+        sent += n
+        next_tick += PERIOD
+        pause = next_tick - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+
+
 def run_async_handle(count: int, window: int, rate: float | None = None) -> dict[str, Any]:
     """`run_handle` with the asyncio handles, each process's node on its event loop."""
 
@@ -268,27 +305,18 @@ def run_async_handle(count: int, window: int, rate: float | None = None) -> dict
             producer = AsyncProducer("bench", self_ref_factory=node.expose("bench"))
             path = f"{node.address}/bench"
             child = spawn("async", path, str(count), str(window), str(bool(rate)))
-            sent = 0
             if rate:
                 await producer.send(stamped(), timeout=120)
                 await producer.wait_confirmed(timeout=120)
-                sent = 1
-            per_tick = max(1, round((rate or 0) * PERIOD))
-            next_tick = time.monotonic()
-            while sent < count:
-                if rate:
-                    for _ in range(min(per_tick, count - sent)):
+
+                async def burst(n: int) -> None:
+                    for _ in range(n):
                         await producer.send(stamped(), timeout=120)
-                        sent += 1
-                    next_tick += PERIOD
-                    # asyncio rounds timers up to whole milliseconds: a late tick is
-                    # caught up by the next (the schedule is absolute), as in run_handle.
-                    pause = next_tick - time.monotonic()
-                    if pause > 0:
-                        await asyncio.sleep(pause)
-                else:
+
+                await paced(count, rate, burst)
+            else:
+                for _ in range(count):
                     await producer.send(PAYLOAD, timeout=120)
-                    sent += 1
             result = await asyncio.to_thread(result_of, child)
             producer.close()
             return result
@@ -318,9 +346,13 @@ def run_actor(count: int, window: int) -> dict[str, Any]:
     return result
 
 
-def run_raw(count: int, port_file: Path, batch: int = RAW_BATCH) -> dict[str, Any]:
+def run_raw(
+    count: int, port_file: Path, batch: int = RAW_BATCH, rate: float | None = None
+) -> dict[str, Any]:
+    """The raw stream: ``batch`` messages a frame as fast as it goes (msgs/s), or, at
+    ``rate``, paced as `run_async_handle` paces its sends, a frame a burst (latency)."""
     port_file.unlink(missing_ok=True)
-    child = spawn("raw", str(port_file), str(count))
+    child = spawn("raw", str(port_file), str(count), str(bool(rate)))
     deadline = time.monotonic() + 30
     while not port_file.exists() or not port_file.read_text():
         if time.monotonic() > deadline:
@@ -332,9 +364,11 @@ def run_raw(count: int, port_file: Path, batch: int = RAW_BATCH) -> dict[str, An
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = transport_pb2_grpc.NodeStub(channel).Link()
             sent = 0
-            while sent < count:
+
+            async def write(n: int) -> None:
+                nonlocal sent
                 frame = transport_pb2.Frame()
-                for _ in range(min(batch, count - sent)):
+                for _ in range(n):
                     envelope = frame.envelopes.add()
                     envelope.target = "bench-consumer"
                     message = envelope.sequenced
@@ -342,9 +376,16 @@ def run_raw(count: int, port_file: Path, batch: int = RAW_BATCH) -> dict[str, An
                     message.seq_nr = sent + 1
                     message.producer_controller = "127.0.0.1:1/bench"
                     message.payload.serializer_id = 1
-                    message.payload.data = PAYLOAD
+                    message.payload.data = stamped() if rate else PAYLOAD
                     sent += 1
                 await call.write(frame)
+
+            if rate:
+                await write(1)  # warm up: the stream is open before the paced messages
+                await asyncio.sleep(0.2)
+                await paced(count, rate, write)
+            while sent < count:
+                await write(min(batch, count - sent))
             await call.done_writing()
             async for _ in call:
                 pass
@@ -374,6 +415,9 @@ def one_round(n: int, port_file: Path, quick: bool) -> dict[str, float]:
     figures["actor_msgs_per_s"] = run_actor(n // 10, 500)["msgs_per_s"]
     for rate, key in ((2_000, "2k"), (10_000, "10k"), (100_000, "100k")):
         count = max(2_000, int(rate * (2.0 if quick else 5.0)))
+        floor = run_raw(count, port_file, rate=rate)  # what gRPC alone gives, paced alike
+        figures[f"grpc_p50_ms_at_{key}"] = floor["p50_ms"]
+        figures[f"grpc_p99_ms_at_{key}"] = floor["p99_ms"]
         for route, prefix in ((run_handle, ""), (run_async_handle, "async_")):
             latency = route(count, 500, rate)
             figures[f"{prefix}p50_ms_at_{key}"] = latency["p50_ms"]
@@ -399,7 +443,7 @@ def main() -> None:
         elif role == "actor":
             out = child_actor(args[0], int(args[1]), int(args[2]))
         else:
-            out = child_raw(args[0], int(args[1]))
+            out = child_raw(args[0], int(args[1]), args[2] == "True")
         print(json.dumps(out), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -31,6 +31,9 @@ KEYS = [
     "grpc_ceiling_500_msgs_per_s",
     "handle_vs_grpc_ceiling",
     "async_handle_vs_grpc_ceiling",
+    # the latency floor: the raw stream, paced alike
+    "grpc_p99_ms_at_2k",
+    "grpc_p99_ms_at_100k",
 ]
 
 
