@@ -214,7 +214,7 @@ def child_raw(port_file: str, count: int, latency: bool) -> dict[str, Any]:
         done = asyncio.Event()
         tally = _Tally(count, latency)
         server = grpc.aio.server()
-        transport_pb2_grpc.add_NodeServicer_to_server(_RawServicer(tally, done), server)
+        transport_pb2_grpc.add_NodeServicer_to_server(_RawServicer(tally, done), server)  # type: ignore[no-untyped-call]
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         Path(port_file).write_text(str(port))
@@ -362,7 +362,7 @@ def run_raw(
 
     async def push() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = transport_pb2_grpc.NodeStub(channel).Link()
+            call = transport_pb2_grpc.NodeStub(channel).Link()  # type: ignore[no-untyped-call]
             sent = 0
 
             async def write(n: int) -> None:
@@ -422,10 +422,10 @@ def one_round(n: int, port_file: Path, quick: bool) -> dict[str, float]:
             latency = route(count, 500, rate)
             figures[f"{prefix}p50_ms_at_{key}"] = latency["p50_ms"]
             figures[f"{prefix}p99_ms_at_{key}"] = latency["p99_ms"]
-    for route in ("handle", "async_handle"):
+    for name in ("handle", "async_handle"):
         for ceiling in ("grpc_ceiling", "grpc_ceiling_500"):
-            figures[f"{route}_vs_{ceiling}"] = (
-                figures[f"{route}_msgs_per_s"] / figures[f"{ceiling}_msgs_per_s"]
+            figures[f"{name}_vs_{ceiling}"] = (
+                figures[f"{name}_msgs_per_s"] / figures[f"{ceiling}_msgs_per_s"]
             )
     figures["actor_vs_pingpong"] = (
         figures["actor_msgs_per_s"] / figures["pykka_pingpong_msgs_per_s"]
@@ -435,15 +435,19 @@ def one_round(n: int, port_file: Path, quick: bool) -> dict[str, float]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        role, *args = sys.argv[2:]
+        role, *child_args = sys.argv[2:]
         if role == "handle":
-            out = child_handle(args[0], int(args[1]), int(args[2]), args[3] == "True")
+            out = child_handle(
+                child_args[0], int(child_args[1]), int(child_args[2]), child_args[3] == "True"
+            )
         elif role == "async":
-            out = child_async(args[0], int(args[1]), int(args[2]), args[3] == "True")
+            out = child_async(
+                child_args[0], int(child_args[1]), int(child_args[2]), child_args[3] == "True"
+            )
         elif role == "actor":
-            out = child_actor(args[0], int(args[1]), int(args[2]))
+            out = child_actor(child_args[0], int(child_args[1]), int(child_args[2]))
         else:
-            out = child_raw(args[0], int(args[1]), args[2] == "True")
+            out = child_raw(child_args[0], int(child_args[1]), child_args[2] == "True")
         print(json.dumps(out), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
