@@ -18,7 +18,7 @@ confirmation, 100-byte payloads. Measured in the same run:
   messages per frame of the window-500 handle run: 250, since the consumer grants half a
   window at a time), no flow control, no confirmation; ``grpc_ceiling_500`` is the same
   with 500 messages per frame, a stricter bound shown beside it;
-* latency floor ``grpc``: the same raw stream paced as the handles are, one frame a
+* latency floor ``grpc``: the same raw stream paced as the asyncio handles are, one frame a
   burst of stamped messages, its server taking each message's delay as the consumer
   does (keys ``grpc_p50_ms_at_2k``, ``grpc_p99_ms_at_2k``...): what gRPC alone gives on
   this machine at that moment, with no protocol, no handle and no transport;
