@@ -89,8 +89,10 @@ class _Tally:
         self.seconds = 0.0
 
     def take(self, delivery: Delivery) -> bool:
-        """Count ``delivery`` (before its confirmation); True at the last one."""
-        return self.record(delivery.seq_nr, delivery.message)
+        """Count ``delivery``, then confirm it; True at the last one."""
+        last = self.record(delivery.seq_nr, delivery.message)
+        delivery.confirm()
+        return last
 
     def record(self, seq_nr: int, payload: bytes) -> bool:
         """Count message ``seq_nr`` carrying ``payload``; True at the last one."""
@@ -120,16 +122,21 @@ class _Tally:
         }
 
 
+def _connected(kind: Any, node: Node, producer_path: str, window: int) -> Any:
+    """A ``kind`` (`Consumer` or `AsyncConsumer`) exposed on ``node``, registered to the
+    bench's producer."""
+    settings = ConsumerControllerSettings(flow_control_window=window)
+    consumer = kind(settings, self_ref_factory=node.expose("bench-consumer"))
+    consumer.register_to(node.ref(producer_path))
+    return consumer
+
+
 def child_handle(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
     with Node() as node:
-        settings = ConsumerControllerSettings(flow_control_window=window)
-        consumer = Consumer(settings, self_ref_factory=node.expose("bench-consumer"))
-        consumer.register_to(node.ref(producer_path))
+        consumer = _connected(Consumer, node, producer_path, window)
         tally = _Tally(count, latency)
         for delivery in consumer:
-            last = tally.take(delivery)
-            delivery.confirm()
-            if last:
+            if tally.take(delivery):
                 break
         consumer.close()
         return tally.result(node)
@@ -138,14 +145,10 @@ def child_handle(producer_path: str, count: int, window: int, latency: bool) -> 
 def child_async(producer_path: str, count: int, window: int, latency: bool) -> dict[str, Any]:
     async def consume() -> dict[str, Any]:
         async with Node() as node:
-            settings = ConsumerControllerSettings(flow_control_window=window)
-            consumer = AsyncConsumer(settings, self_ref_factory=node.expose("bench-consumer"))
-            consumer.register_to(node.ref(producer_path))
+            consumer = _connected(AsyncConsumer, node, producer_path, window)
             tally = _Tally(count, latency)
             async for delivery in consumer:
-                last = tally.take(delivery)
-                delivery.confirm()
-                if last:
+                if tally.take(delivery):
                     break
             consumer.close()
             return tally.result(node)

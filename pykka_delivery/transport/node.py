@@ -556,13 +556,12 @@ class Node:
             if peer is None:
                 peer = _Peer(self, address)
                 self._peers[address] = peer
-                # Before the node has its address its writer waits (_start_server).
-                if not self._writing:
-                    pass
-                elif threading.get_ident() == self._loop_thread_id:
-                    self._spawn(peer.run())
-                else:
-                    self._loop.call_soon_threadsafe(self._spawn, peer.run())
+                # Before the node has its address, _start_server starts the writer.
+                if self._writing:
+                    if threading.get_ident() == self._loop_thread_id:
+                        self._spawn(peer.run())
+                    else:
+                        self._loop.call_soon_threadsafe(self._spawn, peer.run())
         return peer
 
     def _spawn(self, coroutine: Any) -> None:
