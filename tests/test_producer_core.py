@@ -29,6 +29,8 @@ ported tests:
 
 * P1 -> test_window_below_three_delivers_without_stalling (windows 1 and 2)
 * P2 -> test_resend_zero_resends_the_head_already_marked_first
+* P16 -> test_first_confirmation_of_a_fresh_session_resends_nothing,
+  test_first_confirmation_pushes_only_what_was_sent_before_the_new_consumer
 * test_sending_without_demand_is_refused_and_leaves_state_unchanged
 * test_request_confirming_above_its_up_to_cannot_be_built
 """
@@ -356,12 +358,10 @@ def test_without_resends_replies_to_message_with_confirmation() -> None:
 # --- deliberate divergences from Akka ----------------------------------------------------
 
 
-@pytest.mark.parametrize("window", [1, 2])
-def test_window_below_three_delivers_without_stalling(window: int) -> None:
-    # P1: Akka grants a RequestNext only when a Request reaches *beyond* current_seq_nr, and
-    # its consumer side never asks far enough ahead with windows 1 and 2: the flow stalls.
-    # Here a producer core and a consumer core talk through an in-memory FIFO link, and 10
-    # messages go through with no timer firing (the clock never moves).
+def deliver_over_a_fifo(window: int, count: int) -> tuple[list[tuple[int, object]], ProducerCore]:
+    """A producer core and a consumer core talking through an in-memory FIFO link, the
+    clock never moving: the producer sends whenever it may, the consumer confirms when
+    nothing else is to do. Returns what was delivered, and the producer core."""
     clock = FakeClock()
     network = Network()
     producer_side, pc, producer = producer_driver(clock, PRODUCER_ID)
@@ -379,7 +379,7 @@ def test_window_below_three_delivers_without_stalling(window: int) -> None:
 
     while True:
         network.run()
-        if producer.messages and next_n <= 10:
+        if producer.messages and next_n <= count:
             producer.expect_type(RequestNext).send_next_to.tell(f"msg-{next_n}")
             next_n += 1
         elif consumer.messages:
@@ -389,11 +389,60 @@ def test_window_below_three_delivers_without_stalling(window: int) -> None:
         else:
             break
 
-    assert delivered == [(n, f"msg-{n}") for n in range(1, 11)]
     assert clock.now == 0.0
-    producer_snapshot = producer_side.core.snapshot()
-    assert isinstance(producer_snapshot, ProducerSnapshot)
-    assert (producer_snapshot.confirmed_seq_nr, producer_snapshot.unconfirmed) == (10, ())
+    core = producer_side.core
+    assert isinstance(core, ProducerCore)
+    return delivered, core
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_window_below_three_delivers_without_stalling(window: int) -> None:
+    # P1: Akka grants a RequestNext only when a Request reaches *beyond* current_seq_nr, and
+    # its consumer side never asks far enough ahead with windows 1 and 2: the flow stalls.
+    # Here 10 messages go through with no timer firing.
+    delivered, core = deliver_over_a_fifo(window, 10)
+
+    assert delivered == [(n, f"msg-{n}") for n in range(1, 11)]
+    snapshot = core.snapshot()
+    assert (snapshot.confirmed_seq_nr, snapshot.unconfirmed) == (10, ())
+
+
+def test_first_confirmation_of_a_fresh_session_resends_nothing() -> None:
+    # P16: Akka resends everything unconfirmed when the consumer controller confirms its
+    # first message. In a fresh session everything after the first message went to that
+    # consumer controller already, behind the first: its first window went twice.
+    delivered, core = deliver_over_a_fifo(10, 30)
+
+    assert delivered == [(n, f"msg-{n}") for n in range(1, 31)]
+    # The producer had sent 2..10 before msg-1 was confirmed.
+    assert core.statistics().sent == 30
+    assert core.statistics().resent == 0
+
+
+def test_first_confirmation_pushes_only_what_was_sent_before_the_new_consumer() -> None:
+    # P16: the backlog pushed after a new consumer controller's first confirmation is what
+    # was sent before it registered; what went to it afterwards is not sent twice.
+    rig = start()
+    send_first_and_open_window(rig)
+    rig.send_next("msg-2")
+    rig.send_next("msg-3")
+    rig.cc.drain()
+    cc2 = Probe("consumer-controller-2")
+    rig.feed(RegisterConsumer(cc2))
+    cc2.expect(seq(2, rig.pc, first=True))
+    rig.send_next("msg-4")  # the window the old consumer controller opened allows it
+    cc2.expect(seq(4, rig.pc))
+
+    rig.feed(Request(2, 10, True, False))
+
+    cc2.expect(seq(3, rig.pc))
+    cc2.expect_no_message()
+    assert rig.snapshot().unconfirmed == (3, 4)
+    # A retry on silence still resends everything unconfirmed.
+    rig.feed(Request(2, 10, True, True))
+    cc2.expect(seq(3, rig.pc))
+    cc2.expect(seq(4, rig.pc))
+    cc2.expect_no_message()
 
 
 def test_resend_zero_resends_the_head_already_marked_first() -> None:

@@ -11,8 +11,9 @@ Theory of operation (a port of Pekko's ``ProducerControllerImpl``; names kept):
 * After that the consumer side drives: ``Request(confirmed, up_to)`` confirms and opens the
   window up to ``up_to`` inclusive; ``Ack(confirmed)`` only confirms; ``Resend(from)`` asks
   for everything unconfirmed from ``from``. A ``Request`` with ``via_timeout`` (a retry on
-  silence) and the first confirmation of a session both make the core resend everything
-  still unconfirmed, since a lost last message would otherwise never show as a gap.
+  silence) makes the core resend everything still unconfirmed, since a lost last message
+  would otherwise never show as a gap; the first confirmation of a session pushes the
+  backlog the new consumer controller has not seen (P16).
 * Only-flow-control mode (the consumer sends ``support_resend=False``): nothing is kept for
   resending, and when the consumer's window does not reach past what was already sent
   (messages were lost), the window is widened from ``current_seq_nr``.
@@ -35,6 +36,9 @@ Decisions where we differ from the original (docs/decisions.md):
 * P3: after a durable reload with unconfirmed messages, the first one is resent and the
   resend-first timer started (Akka resends it once, without a timer: if that one message
   is lost, nobody resends it, since the consumer side's retries go to the old controller).
+* P16: the first confirmation of a session pushes only what was sent before that consumer
+  controller registered (Akka resends everything unconfirmed, so a fresh session sends
+  its first window twice).
 
 The core has one owner: only this module assigns its fields. It keeps them in a mutable
 slotted object, not a frozen record replaced per event: ``dataclasses.replace`` measured
@@ -189,6 +193,7 @@ class ProducerCore:
     __slots__ = (
         "_acks",
         "_announce",
+        "_backlog_end",
         "_chunk_size",
         "_clock",
         "_durable",
@@ -249,6 +254,9 @@ class ProducerCore:
         self.confirmed_seq_nr = 0
         self.requested_seq_nr = 1
         self.first_seq_nr = 1
+        # The last seq_nr sent before the current consumer controller registered: what it
+        # may never have seen, pushed once it confirms its first message (P16).
+        self._backlog_end = 0
         self.requested = False
         self.support_resend = True
         self.unconfirmed: deque[SequencedMessage] = deque()
@@ -373,6 +381,7 @@ class ProducerCore:
         if self.phase is _WAITING_FOR_INITIALIZATION:
             return self._become_active_if_ready()
         self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else self.current_seq_nr
+        self._backlog_end = self.current_seq_nr - 1
         logger.debug(
             "Register new consumer controller for %r, starting with seq_nr %d",
             self.producer_id,
@@ -500,10 +509,11 @@ class ProducerCore:
         self._confirm(confirmed, effects)
         if not support_resend:
             self.unconfirmed.clear()
-        elif request.via_timeout or confirmed == self.first_seq_nr:
-            # The last message may have been lost (no later message shows the gap), or a new
-            # consumer controller confirmed its first message: push the rest of the backlog.
+        elif request.via_timeout:
+            # The last message may have been lost (no later message shows the gap).
             self._resend(self.unconfirmed, effects)
+        elif confirmed == self.first_seq_nr:
+            self._push_backlog(effects)
         up_to = request.request_up_to_seq_nr
         if not support_resend and up_to <= self.current_seq_nr:
             # Messages were lost and will never be confirmed: widen from what was sent.
@@ -534,8 +544,8 @@ class ProducerCore:
         self._acks += 1
         effects: list[Effect] = []
         self._confirm(confirmed_seq_nr, effects)
-        if confirmed_seq_nr == self.first_seq_nr and self.unconfirmed:
-            self._resend(self.unconfirmed, effects)
+        if confirmed_seq_nr == self.first_seq_nr:
+            self._push_backlog(effects)
         return effects
 
     def on_resend(self, from_seq_nr: int) -> list[Effect]:
@@ -644,6 +654,7 @@ class ProducerCore:
         # Akka: highest confirmed + 1, which is the same seq_nr for a point-to-point queue;
         # taken from what is actually there, the first message sent is always marked first.
         self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else state.current_seq_nr
+        self._backlog_end = state.current_seq_nr - 1
 
     def _request_next(self, current_seq_nr: int, confirmed_seq_nr: int) -> RequestNext:
         return RequestNext(
@@ -761,6 +772,15 @@ class ProducerCore:
         for seq_msg in messages:
             effects.append(Send(consumer, seq_msg))
         self._resent += len(messages)
+
+    def _push_backlog(self, effects: list[Effect]) -> None:
+        """The consumer controller confirmed its first message: send it what was sent
+        before it registered and is still unconfirmed (P16). What went out after it
+        registered reached it behind its first message, on the same ordered link; a loss
+        there shows as a gap or ends in its retry (``via_timeout``), which resends all."""
+        end = self._backlog_end
+        backlog = list(itertools.takewhile(lambda m: m.seq_nr <= end, self.unconfirmed))
+        self._resend(backlog, effects)
 
     def _resend_first(self, effects: list[Effect]) -> None:
         assert self.consumer is not None
