@@ -149,6 +149,14 @@ def send_first_and_open_window(rig: Rig) -> None:
     rig.feed(Request(1, 10, True, False))
 
 
+def send_three(rig: Rig) -> None:
+    """msg-1 to msg-3 sent, the window open up to 10, nothing confirmed but msg-1."""
+    send_first_and_open_window(rig)
+    rig.send_next("msg-2")
+    rig.send_next("msg-3")
+    rig.cc.drain()
+
+
 # --- ProducerControllerSpec ------------------------------------------------------------
 
 
@@ -209,10 +217,7 @@ def test_request_via_timeout_resends_all_unconfirmed() -> None:
 
 def test_new_consumer_controller_gets_first_unconfirmed_as_first_then_the_rest() -> None:
     rig = start()
-    send_first_and_open_window(rig)
-    rig.send_next("msg-2")
-    rig.send_next("msg-3")
-    rig.cc.drain()
+    send_three(rig)
     cc2 = Probe("consumer-controller-2")
 
     rig.feed(RegisterConsumer(cc2))
@@ -423,10 +428,7 @@ def test_first_confirmation_pushes_only_what_was_sent_before_the_new_consumer() 
     # P16: the backlog pushed after a new consumer controller's first confirmation is what
     # was sent before it registered; what went to it afterwards is not sent twice.
     rig = start()
-    send_first_and_open_window(rig)
-    rig.send_next("msg-2")
-    rig.send_next("msg-3")
-    rig.cc.drain()
+    send_three(rig)
     cc2 = Probe("consumer-controller-2")
     rig.feed(RegisterConsumer(cc2))
     cc2.expect(seq(2, rig.pc, first=True))
@@ -449,10 +451,7 @@ def test_resend_zero_resends_the_head_already_marked_first() -> None:
     # P2: Akka resends first and marks the head first afterwards, so a fresh consumer
     # controller, which accepts only a first message, needs a second round.
     rig = start()
-    send_first_and_open_window(rig)
-    rig.send_next("msg-2")
-    rig.send_next("msg-3")
-    rig.cc.drain()
+    send_three(rig)
 
     rig.feed(Resend(0))
 
