@@ -75,7 +75,9 @@ class NodeSettings:
             can wait for Python's whole switch interval (5 ms). Flow-control messages
             (`Request`, `Resend`, `Ack`, `RegisterConsumer`) hand it over at once, since
             the other side waits for them; data messages are left to gather into a batch.
-            Default 0.001 (shorter gathers smaller batches: more writes, more CPU).
+            The clock is looked at every 16th message queued, so the wait may run 16
+            messages longer. Default 0.001 (shorter gathers smaller batches: more writes,
+            more CPU).
         max_pending: most messages queued for a peer that is not connected; beyond it the
             oldest are dropped (and counted): the delivery protocol resends what matters.
             Default 100 000.

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -33,6 +34,7 @@ from pykka_delivery.actors.producer_core import ProducerCore
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
 from pykka_delivery.transport.codec import FrameBuilder
+from pykka_delivery.transport.node import _Peer
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
 from tests.tcp_proxy import TcpProxy
 
@@ -652,3 +654,62 @@ def test_a_writer_that_fails_starts_again_and_later_messages_go_out(
     ref.tell("after")
     assert sink.wait(1) == ["after"]
     assert [message for _, message in failures] == ["lost with the failed frame"]
+
+
+class _FakeTime:
+    """Stands in for the ``time`` module of node.py: a clock the test moves, and a count
+    of ``sleep(0)`` calls (each one hands the GIL to the node's thread)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.yields = 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds == 0
+        self.yields += 1
+
+
+@pytest.mark.parametrize(
+    ("gap", "least", "most"),
+    [
+        # A message every 100 µs for 100 ms: a yield at least once per yield_after plus the
+        # 16 messages between two looks at the clock (1.6 ms), at most once per yield_after.
+        (0.0001, 38, 100),
+        # A message every 10 µs for 10 ms: the clock is looked at every 160 µs, and still
+        # a yield comes once per yield_after, not at every look.
+        (0.00001, 8, 10),
+        # A message every µs for 1 ms: within yield_after, once at most.
+        (0.000001, 0, 1),
+    ],
+)
+def test_a_sender_that_keeps_queueing_hands_the_gil_over_once_per_yield_after(
+    monkeypatch: pytest.MonkeyPatch, gap: float, least: int, most: int
+) -> None:
+    clock = _FakeTime()
+    monkeypatch.setattr("pykka_delivery.transport.node.time", clock)
+    settings = NodeSettings(yield_after=0.001, max_pending=10_000)
+    node = SimpleNamespace(settings=settings, _loop_thread_id=-1)  # another thread's loop
+    peer = _Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]  # what enqueue reads of it
+
+    for n in range(1000):
+        clock.now += gap
+        peer.enqueue("sink", n)
+
+    assert least <= clock.yields <= most
+    assert [message for _, message in peer.outbox] == list(range(1000))
+
+
+def test_a_sender_on_the_nodes_own_loop_never_yields(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _FakeTime()
+    monkeypatch.setattr("pykka_delivery.transport.node.time", clock)
+    node = SimpleNamespace(settings=NodeSettings(), _loop_thread_id=threading.get_ident())
+    peer = _Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]
+
+    for n in range(1000):
+        clock.now += 0.0001
+        peer.enqueue("sink", n)
+
+    assert clock.yields == 0
