@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.p2p_grpc import PAYLOAD, child_handle  # noqa: E402
 from pykka_delivery import Producer, SqliteDurableQueue  # noqa: E402
-from pykka_delivery.actors.durable_sqlite import SqliteQueueSettings  # noqa: E402
+from pykka_delivery.delivery.stores.durable_sqlite import SqliteQueueSettings  # noqa: E402
 from pykka_delivery.transport import Node  # noqa: E402
 
 WINDOW = 500

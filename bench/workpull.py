@@ -1,6 +1,6 @@
 """Work pulling over worker processes: throughput with 1, 2 and 4 workers.
 
-Each worker is a process of its own (``python -m tests.durable.workpull_procs worker``)
+Each worker is a process of its own (``python -m tests.delivery.durable.workpull_procs worker``)
 that spends about ``--work-us`` µs of CPU per message in a busy loop calibrated when it
 starts, so that the work, not the transport, is the bottleneck; it registers in the
 coordinator's service directory, where the producer finds it. The coordinator (in
@@ -52,7 +52,6 @@ from pykka_delivery import (  # noqa: E402
     RequestNext,
     WorkPullingProducerController,
 )
-from pykka_delivery.actors.work_pulling_handle import WorkPullingProducer  # noqa: E402
 from pykka_delivery.coordinator import (  # noqa: E402
     CoordinatorActor,
     CoordinatorClient,
@@ -61,8 +60,9 @@ from pykka_delivery.coordinator import (  # noqa: E402
     CoordinatorSettings,
 )
 from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry  # noqa: E402
+from pykka_delivery.delivery.handles.work_pulling import WorkPullingProducer  # noqa: E402
 from pykka_delivery.transport import Node  # noqa: E402
-from tests.durable.workpull_procs import calibrate, numbers_in, payload  # noqa: E402
+from tests.delivery.durable.workpull_procs import calibrate, numbers_in, payload  # noqa: E402
 from tests.transport.procs import Proc  # noqa: E402
 
 KEY = "bench-jobs"
@@ -128,7 +128,7 @@ def run(
         files = [Path(tmp) / f"worker-{i}.txt" for i in range(workers)]
         try:
             for i, path in enumerate(files):
-                argv = ["-m", "tests.durable.workpull_procs", "worker"]
+                argv = ["-m", "tests.delivery.durable.workpull_procs", "worker"]
                 argv += ["--coordinator", server.address, "--key", KEY, "--file", str(path)]
                 argv += ["--name", f"worker-{i}", "--iterations", str(iterations)]
                 argv += ["--window", str(window), "--route", route]

@@ -33,7 +33,7 @@ from pykka_delivery import (
     RegisterToProducerController,
     RequestNext,
 )
-from pykka_delivery.actors import Ack, Request, Resend, SequencedMessage
+from pykka_delivery.delivery import Ack, Request, Resend, SequencedMessage
 
 TO_CONSUMER = (SequencedMessage,)
 TO_PRODUCER = (Request, Resend, Ack)

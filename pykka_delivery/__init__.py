@@ -7,7 +7,7 @@ with `Producer` / `Consumer` (handles for plain code) or `ProducerController` /
 
 import logging
 
-from pykka_delivery.actors import (
+from pykka_delivery.delivery import (
     CONFIRMED,
     AsyncConsumer,
     AsyncProducer,

@@ -38,16 +38,16 @@ from typing import Any, TypeVar
 
 import pykka
 
-from pykka_delivery.actors.messages import (
+from pykka_delivery.delivery.messages import (
     CONFIRMED,
     ConsumerStart,
     Delivery,
     MessageWithConfirmation,
     ProducerStart,
-    Ref,
     RequestNext,
 )
-from pykka_delivery.actors.timers import default_timer_service
+from pykka_delivery.delivery.timers import default_timer_service
+from pykka_delivery.protocol.messages import Ref
 
 __all__ = [
     "BlockingProbe",

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pykka_delivery.actors.consumer_core import ConsumerCore
-from pykka_delivery.actors.effects import CancelTimer, Effect, Send, StartTimer, Stop
-from pykka_delivery.actors.messages import SendNext
-from pykka_delivery.actors.producer_core import ProducerCore
+from pykka_delivery.delivery.core.consumer import ConsumerCore
+from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer, Stop
+from pykka_delivery.delivery.core.producer import ProducerCore
+from pykka_delivery.delivery.messages import SendNext
 
 
 class Probe:

@@ -4,7 +4,7 @@ The core: `apply(state, command)` returns the new state, a reply and the effects
 `machine` for the theory of operation and docs/coordinator.md for the rules and where they
 differ from RabbitMQ's. The command names are the coordinator's own: its
 `RegisterConsumer` adds a consumer to a group, unlike the delivery protocol's
-`pykka_delivery.actors.messages.RegisterConsumer`.
+`pykka_delivery.delivery.messages.RegisterConsumer`.
 
 The shell: `CoordinatorActor` runs the machine, carries out its effects (consumer updates
 to connection sinks, timers) and appends every state-changing command to a `CommandLog`

@@ -51,7 +51,6 @@ from typing import Any, Protocol
 
 import pykka
 
-from pykka_delivery.actors.timers import TimerFired, Timers, TimerService
 from pykka_delivery.coordinator.commands import (
     OK,
     Command,
@@ -80,6 +79,7 @@ from pykka_delivery.coordinator.machine import apply
 from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
 from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
 from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog
+from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 
 __all__ = [
     "DEFAULT_SWEEP_INTERVAL",

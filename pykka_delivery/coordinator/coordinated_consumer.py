@@ -46,11 +46,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pykka_delivery.actors.consumer_handle import Consumer
-from pykka_delivery.actors.dedup import DedupStore, DedupStoreError
-from pykka_delivery.actors.messages import Delivery, Ref
-from pykka_delivery.actors.settings import ConsumerControllerSettings
-from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.coordinator.client import (
     ConnectionRejected,
     CoordinatorClient,
@@ -59,7 +54,13 @@ from pykka_delivery.coordinator.client import (
 from pykka_delivery.coordinator.commands import Registered
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
+from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.handles.consumer import Consumer
+from pykka_delivery.delivery.messages import Delivery
+from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
+from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
+from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from pykka_delivery.actors.messages import Ref
-from pykka_delivery.actors.registry import Listener, Subscription
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.directory import ServiceEntry
+from pykka_delivery.delivery.registry import Listener, Subscription
+from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.transport.node import RemoteRef
 
 __all__ = ["CoordinatorServiceRegistry"]

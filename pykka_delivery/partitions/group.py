@@ -59,20 +59,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pykka_delivery.actors.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
-from pykka_delivery.actors.messages import Delivery, Ref
-from pykka_delivery.actors.settings import ConsumerControllerSettings
-from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
 from pykka_delivery.coordinator.coordinated_consumer import (
     ActivationInterval,
     CoordinatedConsumer,
 )
 from pykka_delivery.coordinator.state import SIMPLE
+from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.messages import Delivery
+from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
+from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, unwrap
 from pykka_delivery.partitions.producer import catalog_partitions, partition_stream, producer_id
+from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:

@@ -59,19 +59,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pykka_delivery.actors.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.actors.durable_sqlite import SqliteDurableQueue, SqliteQueueSettings
-from pykka_delivery.actors.messages import Ref
-from pykka_delivery.actors.producer_core import ProducerStats
-from pykka_delivery.actors.producer_handle import Producer
-from pykka_delivery.actors.settings import ProducerControllerSettings
-from pykka_delivery.actors.timers import TimerService
 from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
 from pykka_delivery.coordinator.commands import Refusal
+from pykka_delivery.delivery.core.producer import ProducerStats
+from pykka_delivery.delivery.core.settings import ProducerControllerSettings
+from pykka_delivery.delivery.handles.producer import Producer
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue, SqliteQueueSettings
+from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
 from pykka_delivery.partitions.routing import Router
+from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:

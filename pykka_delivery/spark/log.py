@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pykka_delivery import _sqlite
-from pykka_delivery.actors.dedup import DedupStore, DedupStoreError
+from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.errors import ClosedError, DeliveryError
 
 __all__ = [

@@ -60,8 +60,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from pykka_delivery.actors.work_pulling_handle import WorkPullingProducer
 from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry
+from pykka_delivery.delivery.handles.work_pulling import WorkPullingProducer
 from pykka_delivery.spark._process import Options, connections
 from pykka_delivery.spark.rows import arrow_rows, json_rows
 

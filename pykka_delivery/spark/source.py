@@ -72,7 +72,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from pykka_delivery.actors.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.partitions.group import (
     DEFAULT_NAMESPACE,
     GroupDelivery,

@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pykka_delivery.actors.fan_in import FanInConsumer, FanInSettings
-from pykka_delivery.actors.messages import Delivery
-from pykka_delivery.actors.settings import ConsumerControllerSettings
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry
+from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.handles.fan_in import FanInConsumer, FanInSettings
+from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.spark.ledger import SqliteRowLedger
 from pykka_delivery.spark.rows import SinkRows
 from pykka_delivery.transport import Node

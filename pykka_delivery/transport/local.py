@@ -12,7 +12,7 @@ import random
 import threading
 from typing import Any
 
-from pykka_delivery.actors.messages import Ref
+from pykka_delivery.protocol.messages import Ref
 
 __all__ = ["LossyRef"]
 

@@ -14,9 +14,9 @@ Theory of operation:
   and writes it; messages told during that write form the next frame. Under load, frames
   fill up to ``max_batch``; at low rates a message leaves at once.
 * Receiving: a frame is decoded on the node's thread and each recipient is told what is
-  for it at once (``tell_many`` when it has one). A recipient whose ``takes_runs`` is True
-  (the consumer handles) gets a run of one producer's messages as one `SequencedRun`;
-  every other one gets the messages.
+  for it at once (``tell_many`` when it is a `TellsMany`). A `TakesRuns` recipient (the
+  consumer handles) gets a run of one producer's messages as one `SequencedRun`; every
+  other one gets the messages. What a recipient takes is read once, when it is exposed.
 * Faults: a broken stream (gRPC keepalive or stream end) drops the link; the next message
   re-dials with exponential backoff and jitter. The transport does not resend: the
   delivery protocol above it does (Requests, Resends, first-message resends), so nothing is
@@ -42,10 +42,16 @@ from typing import Any
 import grpc
 import pykka
 
-from pykka_delivery.actors.messages import PeerLinkChanged, Ref, SequencedRun
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
+from pykka_delivery.protocol.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
+from pykka_delivery.protocol.messages import (
+    PeerLinkChanged,
+    Ref,
+    SequencedRun,
+    TakesRuns,
+    TellsMany,
+)
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
-from pykka_delivery.transport.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
 from pykka_delivery.transport.grpc_setup import (
     bearer_token_ok,
     keepalive_options,
@@ -369,6 +375,15 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
             peer.detach(stream)
 
 
+def _batch_taker(ref: Ref) -> tuple[Callable[[list[Any]], None], bool] | None:
+    """How ``ref`` takes a batch of messages: its call, and whether runs stay whole in it."""
+    if isinstance(ref, TakesRuns):
+        return ref.tell_runs, True
+    if isinstance(ref, TellsMany):
+        return ref.tell_many, False
+    return None
+
+
 def _expand_runs(messages: list[Any]) -> list[Any]:
     """``messages`` with each `SequencedRun` replaced by its messages."""
     expanded: list[Any] = []
@@ -402,6 +417,8 @@ class Node:
         self.settings = settings or NodeSettings()
         self._serialization = serialization or default_serialization
         self._targets: dict[str, Ref] = {}
+        # How each target takes a batch: (call, keeps runs whole), or None: one tell each.
+        self._batch_takers: dict[str, tuple[Callable[[list[Any]], None], bool] | None] = {}
         self._names: dict[int, tuple[Ref, str]] = {}
         self._peers: dict[str, _Peer] = {}
         self._peers_lock = threading.Lock()
@@ -518,11 +535,13 @@ class Node:
             msg = f"{name!r} is already exposed on {self.address}: choose another name"
             raise ValueError(msg)
         self._targets[name] = ref
+        self._batch_takers[name] = _batch_taker(ref)
         self._names[id(ref)] = (ref, name)
         return RemoteRef(self, f"{self.address}/{name}")
 
     def unregister(self, name: str) -> None:
         ref = self._targets.pop(name, None)
+        self._batch_takers.pop(name, None)
         if ref is not None:
             self._names.pop(id(ref), None)
 
@@ -640,7 +659,8 @@ class Node:
 
     def _tell_batch(self, name: str, messages: list[Any]) -> None:
         target = self._targets.get(name)
-        if target is not None and getattr(target, "takes_runs", False):
+        taker = self._batch_takers.get(name)
+        if taker is not None and taker[1]:
             count = sum(m.remaining if type(m) is SequencedRun else 1 for m in messages)
         else:
             messages = _expand_runs(messages)
@@ -651,10 +671,9 @@ class Node:
             counters.unknown_target += count
             logger.warning("Nothing is exposed as %r on %s: %d dropped", name, self.address, count)
             return
-        tell_many = getattr(target, "tell_many", None)
         try:
-            if tell_many is not None:
-                tell_many(messages)
+            if taker is not None:
+                taker[0](messages)
             else:
                 for message in messages:
                     target.tell(message)

@@ -21,7 +21,6 @@ from typing import Any, TypeVar, cast
 import pykka
 import pytest
 
-from pykka_delivery.actors.timers import TimerService, _Entry
 from pykka_delivery.coordinator import (
     OK,
     SIMPLE,
@@ -45,6 +44,7 @@ from pykka_delivery.coordinator import (
     SqliteCommandLog,
     UpdateSettings,
 )
+from pykka_delivery.delivery.timers import TimerService, _Entry
 
 T = TypeVar("T")
 

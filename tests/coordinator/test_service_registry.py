@@ -17,9 +17,6 @@ from typing import Any
 import pykka
 import pytest
 
-from pykka_delivery.actors.consumer_controller import ConsumerController
-from pykka_delivery.actors.settings import ConsumerControllerSettings
-from pykka_delivery.actors.work_pulling import WorkPullingProducerController
 from pykka_delivery.coordinator import (
     CoordinatorActor,
     CoordinatorClient,
@@ -29,6 +26,9 @@ from pykka_delivery.coordinator import (
     CoordinatorSettings,
 )
 from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry
+from pykka_delivery.delivery.actors.consumer_controller import ConsumerController
+from pykka_delivery.delivery.actors.work_pulling import WorkPullingProducerController
+from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.transport import Node
 from tests.actor_kit import Recorder, TestConsumer, TestProducer
 

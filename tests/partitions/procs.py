@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from pykka_delivery import ConsumerControllerSettings, ProducerControllerSettings
-from pykka_delivery.actors.dedup import SqliteDedupSettings
 from pykka_delivery.coordinator import CoordinatorClient, CoordinatorClientSettings
+from pykka_delivery.delivery.stores.dedup import SqliteDedupSettings
 from pykka_delivery.partitions import (
     GroupDelivery,
     GroupMember,

@@ -29,19 +29,6 @@ from pykka_delivery import (
     Producer,
     ProducerControllerSettings,
 )
-from pykka_delivery.actors.consumer_core import ConsumerCore
-from pykka_delivery.actors.dedup import DedupStoreError, MemoryDedupStore, SqliteDedupStore
-from pykka_delivery.actors.messages import (
-    Ack,
-    Confirmed,
-    Delivery,
-    ProducerStart,
-    RegisterConsumer,
-    Request,
-    RequestNext,
-    Resend,
-    SequencedMessage,
-)
 from pykka_delivery.coordinator import (
     ActivationInterval,
     CoordinatorActor,
@@ -51,6 +38,9 @@ from pykka_delivery.coordinator import (
     CoordinatorServerSettings,
     CoordinatorSettings,
 )
+from pykka_delivery.delivery.core.consumer import ConsumerCore
+from pykka_delivery.delivery.messages import Confirmed, Delivery, ProducerStart, RequestNext
+from pykka_delivery.delivery.stores.dedup import DedupStoreError, MemoryDedupStore, SqliteDedupStore
 from pykka_delivery.partitions import (
     KEYED_MESSAGE_NAME,
     GroupDelivery,
@@ -64,6 +54,13 @@ from pykka_delivery.partitions import (
     producer_id,
 )
 from pykka_delivery.partitions.envelope import unwrap, wrap
+from pykka_delivery.protocol.messages import (
+    Ack,
+    RegisterConsumer,
+    Request,
+    Resend,
+    SequencedMessage,
+)
 from pykka_delivery.protocol.serialization import default_serialization
 from pykka_delivery.transport import Node
 from tests.coordinator.procs import assert_no_overlap

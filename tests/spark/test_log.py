@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pykka_delivery.actors.dedup import DedupStore, DedupStoreError
+from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.spark.log import (
     LogError,

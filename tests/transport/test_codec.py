@@ -16,25 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pykka_delivery.actors.chunking import assemble_chunks, make_chunks
-from pykka_delivery.actors.messages import (
+from pykka_delivery.delivery.core.chunking import assemble_chunks, make_chunks
+from pykka_delivery.delivery.messages import (
     CONFIRMED,
-    Ack,
-    ChunkedMessage,
     ConsumerStart,
     DeliverThenStop,
     Delivery,
     MessageWithConfirmation,
     ProducerStart,
-    Ref,
-    RegisterConsumer,
     RegisterToProducerController,
-    Request,
     RequestNext,
-    Resend,
     SendNext,
-    SequencedMessage,
-    SequencedRun,
 )
 from pykka_delivery.protocol import (
     BYTES,
@@ -46,15 +38,25 @@ from pykka_delivery.protocol import (
     SerializationError,
     delivery_pb2,
 )
-from pykka_delivery.protocol.transport_pb2 import Envelope, Frame, Hello
-from pykka_delivery.transport import codec as codec_module
-from pykka_delivery.transport.codec import (
+from pykka_delivery.protocol.codec import (
     Codec,
     CodecError,
     FrameBuilder,
     messages_in,
     split_frame,
 )
+from pykka_delivery.protocol.messages import (
+    Ack,
+    ChunkedMessage,
+    Ref,
+    RegisterConsumer,
+    Request,
+    Resend,
+    SequencedMessage,
+    SequencedRun,
+)
+from pykka_delivery.protocol.transport_pb2 import Envelope, Frame, Hello
+from pykka_delivery.protocol import codec as codec_module
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from pykka_delivery import (
     RegisterToProducerController,
     RequestNext,
 )
-from pykka_delivery.actors.messages import PeerLinkChanged, SequencedMessage
-from pykka_delivery.actors.producer_core import ProducerCore
+from pykka_delivery.delivery.core.producer import ProducerCore
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
+from pykka_delivery.protocol.codec import FrameBuilder
+from pykka_delivery.protocol.messages import PeerLinkChanged, SequencedMessage
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
-from pykka_delivery.transport.codec import FrameBuilder
 from pykka_delivery.transport.node import _Peer
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
 from tests.tcp_proxy import TcpProxy

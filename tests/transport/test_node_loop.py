@@ -24,7 +24,7 @@ from pykka_delivery import (
     ConsumerControllerSettings,
     Producer,
 )
-from pykka_delivery.actors.messages import PeerLinkChanged, Request, SequencedMessage
+from pykka_delivery.protocol.messages import PeerLinkChanged, Request, SequencedMessage
 from pykka_delivery.transport import Node, NodeSettings
 from pykka_delivery.transport import node as node_module
 from tests.tcp_proxy import TcpProxy

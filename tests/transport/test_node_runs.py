@@ -20,18 +20,18 @@ import grpc
 import pytest
 
 from pykka_delivery import AsyncConsumer, Consumer, ConsumerControllerSettings, Producer
-from pykka_delivery.actors.dead_letters import MemoryDeadLetters
-from pykka_delivery.actors.messages import (
+from pykka_delivery.delivery.stores.dead_letters import MemoryDeadLetters
+from pykka_delivery.delivery.timers import TimerService
+from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
+from pykka_delivery.protocol.messages import (
     Ack,
     PeerLinkChanged,
     Ref,
     SequencedMessage,
     SequencedRun,
 )
-from pykka_delivery.actors.timers import TimerService
-from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.transport import Node
-from tests.test_consumer_runs import count_deliveries_from_runs
+from tests.delivery.handles.test_consumer_runs import count_deliveries_from_runs
 from tests.transport.test_node import Sink
 
 WAIT = 20.0

@@ -1,0 +1,2 @@
+"""The pykka actors around the cores: `ProducerController`, `ConsumerController`,
+`WorkPullingProducerController`."""

@@ -1,0 +1,153 @@
+"""`ProducerController`: the pykka actor around `ProducerCore`.
+
+Usage, in Akka's shape::
+
+    pc = ProducerController.start("orders")
+    pc.tell(ProducerController.Start(my_producer_ref))   # gets RequestNext messages
+    cc.tell(ConsumerController.RegisterToProducerController(pc))
+
+On each `RequestNext` the producer sends one message with
+``request_next.send_next_to.tell(message)`` (or asks for a confirmation with
+``request_next.ask_next_to.tell(MessageWithConfirmation(message, reply_to))``).
+
+With a durable queue (``ProducerController.start("orders", durable_queue=queue)``) every
+message is stored before it is sent, and a controller started again with the same
+producer id on the same queue resends what was not confirmed and continues the numbering
+(see producer_core.py and _shell.py, `DurableQueueCalls`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+from pykka_delivery.delivery.actors._shell import ControllerActor
+from pykka_delivery.delivery.core.effects import Effect
+from pykka_delivery.delivery.core.producer import ProducerCore, ProducerSnapshot, ProducerStats
+from pykka_delivery.delivery.core.settings import ProducerControllerSettings
+from pykka_delivery.delivery.messages import (
+    MessageWithConfirmation,
+    ProducerStart,
+    RequestNext,
+    SendNext,
+)
+from pykka_delivery.delivery.stores.calls import STORE_EFFECTS, DurableQueueCalls, wall_clock_millis
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.delivery.timers import TimerService
+from pykka_delivery.protocol.messages import Ref, RegisterConsumer
+from pykka_delivery.protocol.serialization import Serialization
+
+__all__ = ["ProducerController"]
+
+
+class _SendNextAdapter:
+    """``RequestNext.send_next_to``: wraps the producer's message so it cannot be mistaken
+    for a control message (Akka's message adapter)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: Ref) -> None:
+        self._ref = ref
+
+    def __repr__(self) -> str:
+        return f"SendNextTo({self._ref!r})"
+
+    def tell(self, message: Any) -> None:
+        self._ref.tell(SendNext(message))
+
+
+class ProducerController(ControllerActor):
+    """Numbers a producer's messages and delivers them to one consumer controller, within
+    the consumer's flow-control window, resending what is lost.
+
+    Args:
+        producer_id: identifies the stream (stamped on every message).
+        settings: see `ProducerControllerSettings`.
+        serialization: for chunking; default `default_serialization`.
+        self_ref_factory: builds the ref the consumer side uses to reach this controller
+            from its pykka ref (a transport's remote address, or a fault injector in tests).
+        timer_service: default: the process-wide one.
+        durable_queue: where messages are stored before they are sent; None (the default):
+            none, messages live in memory only. Its state is loaded when the controller
+            is created, so ``start`` raises `DurableQueueError` if every attempt fails.
+            The caller owns the queue: one controller at a time uses it, and the caller
+            closes it after that controller stopped (the controller flushes it on stop).
+            If a store fails ``durable_queue_retry_attempts`` times, the controller logs
+            an error and stops; start another on the same queue to carry on.
+        clock_millis: the clock of the stored timestamps; default: the wall clock.
+    """
+
+    Start = ProducerStart
+    RequestNext = RequestNext
+    MessageWithConfirmation = MessageWithConfirmation
+    RegisterConsumer = RegisterConsumer
+
+    def __init__(
+        self,
+        producer_id: str,
+        settings: ProducerControllerSettings | None = None,
+        *,
+        serialization: Serialization | None = None,
+        self_ref_factory: Callable[[pykka.ActorRef[Any]], Ref] | None = None,
+        timer_service: TimerService | None = None,
+        durable_queue: DurableProducerQueue | None = None,
+        clock_millis: Callable[[], int] = wall_clock_millis,
+    ) -> None:
+        super().__init__(self_ref_factory=self_ref_factory, timer_service=timer_service)
+        settings = settings or ProducerControllerSettings()
+        self._durable: DurableQueueCalls | None = None
+        self._failed = False
+        state = None
+        if durable_queue is not None:
+            self._durable = DurableQueueCalls(
+                durable_queue, settings, f"ProducerController {producer_id!r}"
+            )
+            state = self._durable.load()
+        self.core = ProducerCore(
+            producer_id,
+            self.self_ref,
+            _SendNextAdapter(self.actor_ref),
+            settings,
+            serialization,
+            durable_state=state,
+            clock_millis=clock_millis,
+        )
+
+    def on_receive(self, message: Any) -> None:
+        if self._failed:
+            return  # stopping: what the core would do now rests on a state the queue lacks
+        super().on_receive(message)
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        if self._durable is not None and not self._failed:
+            self._durable.flush_on_stop()
+
+    def _run_other(self, effect: Effect) -> bool:
+        if self._durable is None or not isinstance(effect, STORE_EFFECTS):
+            return super()._run_other(effect)
+        try:
+            self._durable.store(effect)
+        except DurableQueueError:
+            # Logged with the fix. Akka's controller crashes here; so do we, cleanly.
+            self._failed = True
+            self._timers.cancel_all()
+            self.stop()
+            return False
+        return True
+
+    def _core_receive(self, message: Any) -> list[Effect]:
+        return self.core.receive(message)
+
+    def _core_timer(self, key: str) -> list[Effect]:
+        return self.core.on_timer(key)
+
+    # Queries, for `proxy()` or `ask`: answered in the actor's thread.
+
+    def snapshot(self) -> ProducerSnapshot:
+        return self.core.snapshot()
+
+    def statistics(self) -> ProducerStats:
+        return self.core.statistics()

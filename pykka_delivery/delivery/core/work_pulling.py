@@ -1,0 +1,749 @@
+"""The work-pulling producer controller's state machine, pure: messages in, effects out.
+
+Theory of operation (a port of Pekko's ``WorkPullingProducerControllerImpl``; names kept):
+
+* Workers are consumer controllers registered under a service key; the shell tells the
+  core each listing (`CurrentWorkers`). For every worker the core runs one `ProducerCore`,
+  unchanged, with producer id ``"<producer_id>-<worker_id>"``: each worker has its own
+  session, its own seq_nrs from 1, its own flow-control window. That core's producer is
+  this one: its `RequestNext` means "this worker has demand", its confirmation replies mean
+  "this worker confirmed up to n". Its ``self_ref`` tags what the worker's consumer
+  controller answers (`Request`, `Ack`, `Resend`) as a `WorkerMessage`, so the shell hands
+  it back to this core, which routes it to that worker's `ProducerCore`.
+* The producer gets a `RequestNext` when some worker has demand and no message waits. Each
+  message goes to a worker with demand chosen at random (Akka's rule; the random source is
+  injected), with confirmation (``ack``), so the worker acknowledges each one; or, with
+  ``ack_each_message=False``, only a `MessageWithConfirmation` so, the others being
+  confirmed by the worker's `Request`s.
+* A message that finds no worker with demand waits in the buffer, first in first out, until
+  one has. The producer may also send without a `RequestNext`; such messages wait too, and
+  past ``buffer_size`` waiting messages they are refused (Akka refuses any unrequested
+  message and crashes when its buffer overflows; see docs/durable.md, "Work pulling").
+* When a worker leaves the listing, its unconfirmed messages go to the back of the buffer
+  and on to the other workers, with new seq_nrs there. They may have been processed
+  already: delivery is at least once. A `MessageWithConfirmation` keeps its reply target.
+* Every accepted message is numbered (``current_seq_nr``) across all workers. The reply to
+  a `MessageWithConfirmation` is that number, told when the worker confirms the message,
+  or, with a durable queue, once it is stored.
+
+With a durable queue (a loaded `DurableProducerState` given to the constructor) the core
+emits, before each message is sent, `StoreMessageSent` with the worker's id as confirmation
+qualifier (`NO_QUALIFIER` while it waits in the buffer), and `StoreMessageConfirmed` under
+that qualifier as the worker confirms. A message that moves (from the buffer, from a worker
+that left, or reloaded from the queue) is stored again under a new seq_nr and the new
+worker's qualifier, then its old entry is confirmed: Akka's hand-over. The messages loaded
+unconfirmed fill the buffer, so the producer gets no `RequestNext` before they are sent.
+
+The core has one owner: only this module assigns its fields (mutable, like `ProducerCore`'s;
+`snapshot()` gives the frozen view tests assert on).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pykka_delivery.delivery.core.durable_state import (
+    NO_QUALIFIER,
+    DurableProducerState,
+    MessageSent,
+)
+from pykka_delivery.delivery.core.effects import (
+    CancelTimer,
+    Effect,
+    Send,
+    StartTimer,
+    StoreMessageConfirmed,
+    StoreMessageSent,
+)
+from pykka_delivery.delivery.core.producer import RESEND_FIRST, ProducerCore
+from pykka_delivery.delivery.core.settings import WorkPullingSettings
+from pykka_delivery.delivery.messages import (
+    MessageWithConfirmation,
+    ProducerStart,
+    RequestNext,
+    SendNext,
+)
+from pykka_delivery.errors import LocalProtocolError
+from pykka_delivery.protocol.messages import (
+    Ack,
+    ChunkedMessage,
+    PeerLinkChanged,
+    Ref,
+    Request,
+    Resend,
+    SequencedMessage,
+)
+
+__all__ = [
+    "CurrentWorkers",
+    "GetWorkerStats",
+    "WorkPullingCore",
+    "WorkPullingSnapshot",
+    "WorkPullingStats",
+    "WorkerMessage",
+    "WorkerSnapshot",
+    "WorkerStats",
+]
+
+logger = logging.getLogger("pykka_delivery.work_pulling")
+
+
+# --- messages --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentWorkers:
+    """The service registry's listing: the consumer controllers registered now."""
+
+    workers: frozenset[Ref]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMessage:
+    """``message`` (a `Request`, `Ack` or `Resend`) from the consumer controller of the
+    worker ``worker_id``, for that worker's producer controller."""
+
+    worker_id: str
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GetWorkerStats:
+    """Ask for the number of workers; the answer, a `WorkerStats`, goes to ``reply_to``."""
+
+    reply_to: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """How many workers are registered (the last listing's size)."""
+
+    number_of_workers: int
+
+
+# --- snapshots -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """One worker as the core sees it.
+
+    Attributes:
+        worker_id: the worker's id, also its confirmation qualifier in the durable queue.
+        producer_id: the producer id of the worker's session (``<producer_id>-<worker_id>``).
+        consumer_controller: the worker's ref, as registered.
+        has_demand: the worker may take one message now.
+        unconfirmed: the seq_nrs (the controller's numbering) of the messages sent to it
+            and not confirmed yet, oldest first.
+    """
+
+    worker_id: str
+    producer_id: str
+    consumer_controller: Ref
+    has_demand: bool
+    unconfirmed: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPullingSnapshot:
+    """A frozen view of a work-pulling core's state (seq_nrs only, no payloads).
+
+    Attributes:
+        current_seq_nr: the seq_nr the next accepted message will get.
+        highest_confirmed_seq_nr: the highest seq_nr a worker confirmed.
+        requested: a `RequestNext` is outstanding to the producer.
+        buffered: the seq_nrs of the messages waiting for a worker with demand, in order.
+        workers: every registered worker, in the order they registered.
+    """
+
+    current_seq_nr: int
+    highest_confirmed_seq_nr: int
+    requested: bool
+    buffered: tuple[int, ...]
+    workers: tuple[WorkerSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPullingStats:
+    """Counters of a work-pulling producer controller, as a frozen snapshot.
+
+    Attributes:
+        workers: registered workers now.
+        buffered: messages waiting for a worker with demand now.
+        accepted: messages accepted from the producer.
+        sent: messages sent to a worker (each resend to another worker counted again).
+        redelivered: messages taken from a worker that left (or reloaded from the durable
+            queue) to be sent to another.
+        confirmed: messages a worker confirmed.
+        rejected: inputs refused as protocol misuse or for a full buffer (see the log).
+    """
+
+    workers: int
+    buffered: int
+    accepted: int
+    sent: int
+    redelivered: int
+    confirmed: int
+    rejected: int
+
+
+# --- internals -------------------------------------------------------------------------
+
+
+class _Internal:
+    """A ref only this core uses, to recognize what a worker's `ProducerCore` tells its
+    producer (demand) or a confirmation reply target (confirmed); it is never told."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __repr__(self) -> str:
+        return f"<work pulling {self._what}>"
+
+    def tell(self, message: Any) -> None:
+        msg = f"{self!r} is internal to WorkPullingCore and cannot be told {message!r}"
+        raise AssertionError(msg)
+
+
+_NOWHERE = _Internal("send_next_to")
+
+
+class _Pending:
+    """A message waiting for a worker with demand.
+
+    ``seq_nr`` is the controller's number of the message; with a durable queue, the seq_nr
+    it is stored under now, and ``stored_as`` that entry's qualifier.
+    """
+
+    __slots__ = ("message", "reply_to", "seq_nr", "stored_as")
+
+    def __init__(
+        self, seq_nr: int, message: Any, reply_to: Ref | None, stored_as: str | None
+    ) -> None:
+        self.seq_nr = seq_nr
+        self.message = message
+        self.reply_to = reply_to
+        self.stored_as = stored_as
+
+
+class _Sent:
+    """A message sent to a worker and not confirmed yet (Akka's ``Unconfirmed``)."""
+
+    __slots__ = ("message", "out_seq_nr", "reply_to", "seq_nr")
+
+    def __init__(self, seq_nr: int, out_seq_nr: int, message: Any, reply_to: Ref | None) -> None:
+        self.seq_nr = seq_nr
+        self.out_seq_nr = out_seq_nr
+        self.message = message
+        self.reply_to = reply_to
+
+
+class _Worker:
+    """One registered worker: its consumer controller and the producer core serving it
+    (Akka's ``OutState``)."""
+
+    __slots__ = ("confirmed_to", "consumer_controller", "core", "demand_to", "sent", "worker_id")
+
+    def __init__(self, worker_id: str, consumer_controller: Ref, core: ProducerCore) -> None:
+        self.worker_id = worker_id
+        self.consumer_controller = consumer_controller
+        self.core = core
+        self.demand_to = _Internal(f"demand of worker {worker_id}")
+        self.confirmed_to = _Internal(f"confirmations of worker {worker_id}")
+        self.sent: deque[_Sent] = deque()
+
+    def timer_key(self, key: str) -> str:
+        return f"{self.worker_id}/{key}"
+
+
+_WORKER_INPUTS = (Request, Ack, Resend)
+
+
+class WorkPullingCore:
+    """State machine of one work-pulling producer controller.
+
+    Args:
+        producer_id: identifies the stream; each worker's session is
+            ``"<producer_id>-<worker_id>"``.
+        send_next_to: given to the producer as ``RequestNext.send_next_to``; it must turn a
+            message into `SendNext` for this controller.
+        ask_next_to: given to the producer as ``RequestNext.ask_next_to`` (where
+            `MessageWithConfirmation` goes): this controller.
+        worker_ref: builds, for a worker id, the ref that worker's consumer controller
+            answers to; what it is told must reach this core as `WorkerMessage`.
+        settings: see `WorkPullingSettings`.
+        rng: picks among the workers with demand and makes worker ids; default a
+            `random.Random` seeded by the OS. Tests pass a seeded one.
+        durable_state: the state loaded from the durable queue; None without one.
+        clock_millis: the wall clock in milliseconds, for the durable queue's timestamps
+            (required with ``durable_state``).
+        ack_each_message: True (the default, Akka's behaviour): every message goes to its
+            worker with ``ack``, so the worker answers each with an `Ack` and the core
+            learns at once that it is processed. False: only a `MessageWithConfirmation`
+            is sent so; the others are confirmed by the worker's `Request`s, every half
+            window, and when the producer stops, the last ones by the worker's retry (its
+            ``resend_interval_min``). An `Ack` per message is a message on the wire per
+            message, back to the producer: across processes it costs more than a cheap
+            message's own trip (see bench/workpull.py).
+
+    Raises:
+        ValueError: ``durable_state`` without ``clock_millis``, or a durable state holding
+            chunked messages (the queue of a point-to-point producer controller).
+    """
+
+    def __init__(
+        self,
+        producer_id: str,
+        send_next_to: Ref,
+        ask_next_to: Ref,
+        worker_ref: Callable[[str], Ref],
+        settings: WorkPullingSettings | None = None,
+        *,
+        rng: random.Random | None = None,
+        durable_state: DurableProducerState | None = None,
+        clock_millis: Callable[[], int] | None = None,
+        ack_each_message: bool = True,
+    ) -> None:
+        self.producer_id = producer_id
+        self.send_next_to = send_next_to
+        self._ack_each = ack_each_message
+        self.ask_next_to = ask_next_to
+        self.settings = settings or WorkPullingSettings()
+        self._worker_ref = worker_ref
+        self._rng = rng or random.Random()
+        self.producer: Ref | None = None
+        self.requested = False
+        self.current_seq_nr = 1
+        self.highest_confirmed_seq_nr = 0
+        self.durable = durable_state is not None
+        self._clock_millis = clock_millis
+        self.buffer: deque[_Pending] = deque()
+        self.workers: dict[str, _Worker] = {}
+        self._accepted = self._sent = self._redelivered = self._confirmed = self._rejected = 0
+        if durable_state is not None:
+            self._load(durable_state)
+        self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
+            SendNext: lambda m: self.on_msg(m.message),
+            MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to),
+            WorkerMessage: lambda m: self.on_worker_message(m.worker_id, m.message),
+            CurrentWorkers: lambda m: self.on_current_workers(m.workers),
+            ProducerStart: lambda m: self.on_start(m.producer),
+            GetWorkerStats: lambda m: [Send(m.reply_to, self.worker_stats())],
+            PeerLinkChanged: lambda _: [],  # the workers' consumer controllers drive recovery
+        }
+
+    def _load(self, state: DurableProducerState) -> None:
+        if self._clock_millis is None:
+            msg = "WorkPullingCore: a durable_state needs clock_millis for the queue's timestamps"
+            raise ValueError(msg)
+        if any(isinstance(m.message, ChunkedMessage) for m in state.unconfirmed):
+            msg = (
+                f"the durable queue of work-pulling producer {self.producer_id!r} holds "
+                "chunked messages: it belongs to a point-to-point producer controller; "
+                "give the work-pulling controller a queue (or producer id) of its own"
+            )
+            raise ValueError(msg)
+        self.current_seq_nr = state.current_seq_nr
+        self.highest_confirmed_seq_nr = state.highest_confirmed_seq_nr
+        # Akka resends each to itself as ResendDurableMsg: in any order, each re-stored under
+        # a new seq_nr and a worker's qualifier when a worker takes it.
+        self.buffer.extend(
+            _Pending(m.seq_nr, m.message, None, m.confirmation_qualifier) for m in state.unconfirmed
+        )
+        self._redelivered += len(state.unconfirmed)
+        if len(self.buffer) > self.settings.buffer_size:
+            logger.warning(
+                "Work-pulling producer %r loaded %d unconfirmed messages, more than "
+                "buffer_size %d: all are kept, the producer waits until they are sent",
+                self.producer_id,
+                len(self.buffer),
+                self.settings.buffer_size,
+            )
+
+    # --- queries ---------------------------------------------------------------------
+
+    @property
+    def has_demand(self) -> bool:
+        """True when a message sent now goes to a worker at once: some worker has demand
+        and none waits in the buffer (when a `RequestNext` would be due). For owners that
+        read demand instead of being told it, such as the `WorkPullingProducer` handle."""
+        return not self.buffer and any(w.core.has_demand for w in self.workers.values())
+
+    @property
+    def all_confirmed(self) -> bool:
+        """True when workers confirmed every accepted message: none waits in the buffer
+        and none is unconfirmed at a worker."""
+        return not self.buffer and not any(w.sent for w in self.workers.values())
+
+    def worker_stats(self) -> WorkerStats:
+        return WorkerStats(len(self.workers))
+
+    def snapshot(self) -> WorkPullingSnapshot:
+        return WorkPullingSnapshot(
+            current_seq_nr=self.current_seq_nr,
+            highest_confirmed_seq_nr=self.highest_confirmed_seq_nr,
+            requested=self.requested,
+            buffered=tuple(p.seq_nr for p in self.buffer),
+            workers=tuple(
+                WorkerSnapshot(
+                    worker_id=w.worker_id,
+                    producer_id=w.core.producer_id,
+                    consumer_controller=w.consumer_controller,
+                    has_demand=w.core.has_demand,
+                    unconfirmed=tuple(s.seq_nr for s in w.sent),
+                )
+                for w in self.workers.values()
+            ),
+        )
+
+    def statistics(self) -> WorkPullingStats:
+        return WorkPullingStats(
+            workers=len(self.workers),
+            buffered=len(self.buffer),
+            accepted=self._accepted,
+            sent=self._sent,
+            redelivered=self._redelivered,
+            confirmed=self._confirmed,
+            rejected=self._rejected,
+        )
+
+    # --- inputs ----------------------------------------------------------------------
+
+    def receive(self, message: object) -> list[Effect]:
+        """Handle any message a work-pulling producer controller accepts.
+
+        Raises:
+            LocalProtocolError: the message is not one this controller handles, or the
+                buffer is full; the state did not change.
+        """
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            self._rejected += 1
+            msg = (
+                f"WorkPullingProducerController {self.producer_id!r} cannot handle "
+                f"{type(message).__name__}"
+            )
+            raise LocalProtocolError(msg)
+        return handler(message)
+
+    def on_start(self, producer: Ref) -> list[Effect]:
+        """A producer registers (`ProducerStart`), perhaps replacing an earlier one, which
+        loses its outstanding `RequestNext` to the new one."""
+        logger.debug(
+            "Register new producer for %r, current_seq_nr %d", self.producer_id, self.current_seq_nr
+        )
+        self.producer = producer
+        effects: list[Effect] = []
+        if self.requested:
+            effects.append(Send(producer, self._request_next()))
+        else:
+            self._request_next_if_demand(effects)
+        return effects
+
+    def on_msg(self, message: object, reply_to: Ref | None = None) -> list[Effect]:
+        """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`).
+
+        Raises:
+            LocalProtocolError: the message was sent without a `RequestNext`, no worker has
+                demand and ``buffer_size`` messages wait already.
+        """
+        workers = self._workers_with_demand()
+        if not self.requested and not workers and len(self.buffer) >= self.settings.buffer_size:
+            self._rejected += 1
+            msg = (
+                f"WorkPullingProducerController {self.producer_id!r} refused a message sent "
+                f"without RequestNext: {len(self.buffer)} messages wait for a worker with "
+                f"demand, WorkPullingSettings.buffer_size is {self.settings.buffer_size}; "
+                "send one message per RequestNext (or raise buffer_size)"
+            )
+            raise LocalProtocolError(msg)
+        self.requested = False
+        self._accepted += 1
+        seq_nr = self.current_seq_nr
+        self.current_seq_nr = seq_nr + 1
+        effects: list[Effect] = []
+        if workers:
+            worker = self._rng.choice(workers)
+            asked = reply_to is not None
+            if self.durable:
+                self._store(seq_nr, message, asked, worker.worker_id, effects)
+                self._reply_stored(seq_nr, reply_to, effects)
+                reply_to = None
+            self._send_to(worker, seq_nr, message, reply_to, effects, ack=asked or self._ack_each)
+        else:
+            logger.debug(
+                "No worker with demand for %r seq_nr %d, buffering", self.producer_id, seq_nr
+            )
+            if self.durable:
+                self._store(seq_nr, message, reply_to is not None, NO_QUALIFIER, effects)
+                self._reply_stored(seq_nr, reply_to, effects)
+                self.buffer.append(_Pending(seq_nr, message, None, NO_QUALIFIER))
+            else:
+                self.buffer.append(_Pending(seq_nr, message, reply_to, None))
+        self._request_next_if_demand(effects)
+        return effects
+
+    def next_message(self, message: object) -> tuple[Ref, SequencedMessage] | None:
+        """`on_msg` for the steady state of an owner that reads demand instead of being
+        told it (the `WorkPullingProducer` handle): pick a worker with demand, number
+        ``message`` in its session and keep it as unconfirmed there, with no effects.
+        Returns the worker's consumer controller and the `SequencedMessage` for the caller
+        to tell, or None (nothing changed) when `on_msg` is needed: no worker has demand,
+        messages wait in the buffer, a durable queue (the message must be stored first),
+        ``ack_each_message``, a registered producer (it must be told `RequestNext`), or
+        the first message of the worker's session (which starts its first-resend timer).
+        """
+        if self.buffer or self.durable or self._ack_each or self.producer is not None:
+            return None
+        workers = self._workers_with_demand()
+        if not workers:
+            return None
+        worker = self._rng.choice(workers)
+        core = worker.core
+        out_seq_nr = core.current_seq_nr
+        seq_msg = core.next_message(message)
+        if seq_msg is None:
+            return None
+        seq_nr = self.current_seq_nr
+        self.current_seq_nr = seq_nr + 1
+        worker.sent.append(_Sent(seq_nr, out_seq_nr, message, None))
+        self._accepted += 1
+        self._sent += 1
+        return worker.consumer_controller, seq_msg
+
+    def on_worker_message(self, worker_id: str, message: object) -> list[Effect]:
+        """A worker's consumer controller answers its producer controller.
+
+        Raises:
+            LocalProtocolError: ``message`` is not a `Request`, `Ack` or `Resend`.
+        """
+        if type(message) is PeerLinkChanged:
+            # A transport exposing the worker's producer-controller ref tells it when the
+            # link to a peer changes: as for a point-to-point producer controller, the
+            # worker's consumer controller drives the recovery.
+            return []
+        if not isinstance(message, _WORKER_INPUTS):
+            self._rejected += 1
+            msg = (
+                f"WorkPullingProducerController {self.producer_id!r} cannot handle "
+                f"{type(message).__name__} from worker {worker_id!r}: a worker sends only "
+                "Request, Ack and Resend"
+            )
+            raise LocalProtocolError(msg)
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            logger.debug(
+                "Ignored %s from worker %r of %r: it left",
+                type(message).__name__,
+                worker_id,
+                self.producer_id,
+            )
+            return []
+        effects: list[Effect] = []
+        self._absorb(worker, worker.core.receive(message), effects)
+        self._drain(effects)
+        self._request_next_if_demand(effects)
+        return effects
+
+    def on_current_workers(self, workers: Iterable[Ref]) -> list[Effect]:
+        """The registry's listing: start serving the new workers, and send the unconfirmed
+        messages of those that left to the others."""
+        current = dict.fromkeys(workers)  # in the listing's order, for reproducible runs
+        known = {w.consumer_controller for w in self.workers.values()}
+        effects: list[Effect] = []
+        for ref in current:
+            if ref not in known:
+                self._add_worker(ref, effects)
+        for worker in [w for w in self.workers.values() if w.consumer_controller not in current]:
+            self._remove_worker(worker, effects)
+        self._drain(effects)
+        self._request_next_if_demand(effects)
+        return effects
+
+    def on_timer(self, key: str) -> list[Effect]:
+        """A timer started by this core fired (``"<worker_id>/<key>"``: a worker's)."""
+        worker_id, _, inner_key = key.partition("/")
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            return []
+        effects: list[Effect] = []
+        self._absorb(worker, worker.core.on_timer(inner_key), effects)
+        return effects
+
+    # --- workers ---------------------------------------------------------------------
+
+    def _add_worker(self, consumer_controller: Ref, effects: list[Effect]) -> None:
+        worker_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        core = ProducerCore(
+            f"{self.producer_id}-{worker_id}",
+            self._worker_ref(worker_id),
+            _NOWHERE,
+            self.settings.producer_controller_settings,
+            announce_demand=False,  # its demand is read from it (has_demand)
+        )
+        worker = _Worker(worker_id, consumer_controller, core)
+        self.workers[worker_id] = worker
+        logger.debug(
+            "Registered worker %r with producer id %r", consumer_controller, core.producer_id
+        )
+        self._absorb(worker, core.on_start(worker.demand_to), effects)
+        self._absorb(worker, core.on_register_consumer(consumer_controller), effects)
+
+    def _remove_worker(self, worker: _Worker, effects: list[Effect]) -> None:
+        del self.workers[worker.worker_id]
+        effects.append(CancelTimer(worker.timer_key(RESEND_FIRST)))
+        sent = worker.sent
+        logger.debug(
+            "Deregistered worker %r with producer id %r, %d unconfirmed to send to others",
+            worker.consumer_controller,
+            worker.core.producer_id,
+            len(sent),
+        )
+        # To the back of the buffer: for work pulling the order does not matter (Akka).
+        for s in sent:
+            if self.durable:
+                self.buffer.append(_Pending(s.seq_nr, s.message, None, worker.worker_id))
+            else:
+                self.buffer.append(_Pending(s.seq_nr, s.message, s.reply_to, None))
+        self._redelivered += len(sent)
+        if sent and len(self.buffer) > self.settings.buffer_size:
+            logger.warning(
+                "Work-pulling producer %r holds %d messages for other workers, more than "
+                "buffer_size %d: all are kept, the producer waits until they are sent",
+                self.producer_id,
+                len(self.buffer),
+                self.settings.buffer_size,
+            )
+
+    def _workers_with_demand(self) -> list[_Worker]:
+        return [w for w in self.workers.values() if w.core.has_demand]
+
+    # --- sending ---------------------------------------------------------------------
+
+    def _drain(self, effects: list[Effect]) -> None:
+        """Send waiting messages, oldest first, while some worker has demand."""
+        buffer = self.buffer
+        while buffer:
+            workers = self._workers_with_demand()
+            if not workers:
+                return
+            pending = buffer.popleft()
+            worker = self._rng.choice(workers)
+            seq_nr = pending.seq_nr
+            if pending.stored_as is not None:
+                # Hand-over: stored again under the worker's qualifier, then the old entry
+                # confirmed, so that a crash between the two resends it rather than lose it.
+                seq_nr = self.current_seq_nr
+                self.current_seq_nr = seq_nr + 1
+                self._store(seq_nr, pending.message, False, worker.worker_id, effects)
+                effects.append(
+                    StoreMessageConfirmed(pending.seq_nr, pending.stored_as, self._now())
+                )
+            ack = pending.reply_to is not None or self._ack_each
+            self._send_to(worker, seq_nr, pending.message, pending.reply_to, effects, ack=ack)
+
+    def _send_to(
+        self,
+        worker: _Worker,
+        seq_nr: int,
+        message: Any,
+        reply_to: Ref | None,
+        effects: list[Effect],
+        *,
+        ack: bool,
+    ) -> None:
+        out_seq_nr = worker.core.current_seq_nr
+        worker.sent.append(_Sent(seq_nr, out_seq_nr, message, reply_to))
+        self._sent += 1
+        # With ``ack`` the worker acknowledges it at once; without, its Requests confirm it
+        # (see ack_each_message and _absorb).
+        asked_to = worker.confirmed_to if ack else None
+        self._absorb(worker, worker.core.on_msg(message, asked_to), effects)
+
+    def _request_next_if_demand(self, effects: list[Effect]) -> None:
+        if (
+            self.producer is not None
+            and not self.requested
+            and not self.buffer
+            and self._workers_with_demand()
+        ):
+            self.requested = True
+            effects.append(Send(self.producer, self._request_next()))
+
+    def _request_next(self) -> RequestNext:
+        return RequestNext(
+            self.producer_id,
+            self.current_seq_nr,
+            self.highest_confirmed_seq_nr,
+            self.send_next_to,
+            self.ask_next_to,
+        )
+
+    # --- a worker's producer core ----------------------------------------------------
+
+    def _absorb(self, worker: _Worker, inner: list[Effect], effects: list[Effect]) -> None:
+        """Carry over the effects of ``worker``'s producer core: what it tells its producer
+        (demand) and its confirmation replies are for this core; its timers get the
+        worker's prefix; the rest (sends to the worker) goes to the shell as it is.
+        Confirmations are read from the core's ``confirmed_seq_nr``, which every `Request`
+        and `Ack` of the worker moves, acknowledged messages or not."""
+        for effect in inner:
+            kind = type(effect)
+            if kind is Send:
+                assert isinstance(effect, Send)
+                to = effect.to
+                if to is not worker.confirmed_to and to is not worker.demand_to:
+                    effects.append(effect)  # demand and confirmations are read from the core
+            elif kind is StartTimer:
+                assert isinstance(effect, StartTimer)
+                effects.append(StartTimer(worker.timer_key(effect.key), effect.interval))
+            elif kind is CancelTimer:
+                assert isinstance(effect, CancelTimer)
+                effects.append(CancelTimer(worker.timer_key(effect.key)))
+            else:
+                effects.append(effect)
+        sent = worker.sent
+        if sent and sent[0].out_seq_nr <= worker.core.confirmed_seq_nr:
+            self._on_confirmed(worker, worker.core.confirmed_seq_nr, effects)
+
+    def _on_confirmed(self, worker: _Worker, out_seq_nr: int, effects: list[Effect]) -> None:
+        """Akka's ``onAck``: ``worker`` confirmed its messages up to ``out_seq_nr``."""
+        sent = worker.sent
+        last = 0
+        while sent and sent[0].out_seq_nr <= out_seq_nr:
+            s = sent.popleft()
+            last = s.seq_nr
+            self._confirmed += 1
+            if s.reply_to is not None:
+                effects.append(Send(s.reply_to, s.seq_nr))
+        if not last:
+            return
+        self.highest_confirmed_seq_nr = max(self.highest_confirmed_seq_nr, last)
+        if self.durable:
+            # Written behind, at least once: a crash before it is stored resends the message.
+            effects.append(StoreMessageConfirmed(last, worker.worker_id, self._now()))
+
+    # --- durable queue ---------------------------------------------------------------
+
+    def _store(
+        self, seq_nr: int, message: Any, ack: bool, qualifier: str, effects: list[Effect]
+    ) -> None:
+        effects.append(StoreMessageSent(MessageSent(seq_nr, message, ack, qualifier, self._now())))
+
+    @staticmethod
+    def _reply_stored(seq_nr: int, reply_to: Ref | None, effects: list[Effect]) -> None:
+        # With a durable queue the reply means "stored", as Akka's.
+        if reply_to is not None:
+            effects.append(Send(reply_to, seq_nr))
+
+    def _now(self) -> int:
+        assert self._clock_millis is not None
+        return self._clock_millis()

@@ -1,0 +1,2 @@
+"""Handles for code that is not an actor: the blocking flavour (a lock and a condition)
+and the asyncio flavour (futures on the loop), each a thin layer over a session."""
