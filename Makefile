@@ -26,6 +26,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy pykka_delivery
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 # Regenerates pykka_delivery/protocol/*_pb2.py, *_pb2.pyi (and *_pb2_grpc.py for

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from pykka_delivery.coordinator.state import SIMPLE, CoordinatorSettings, GroupId, StreamId
+from pykka_delivery.coordinator.stream_rules import NAME_RULE, name_problem, partitions_problem
 
 __all__ = [
     "OK",
@@ -308,9 +309,9 @@ class CreateStream:
     above the settings' ``max_partitions`` is refused (``PARTITIONS_OVER_LIMIT``).
     Replies `Ok`.
 
-    ``name`` and ``partitions`` are checked as a declared stream's are
-    (`pykka_delivery.partitions.config.StreamConfig`); ``namespace`` may be empty, else
-    it follows the same rule as names.
+    ``name`` and ``partitions`` follow the catalog's rules (`stream_rules`, which a
+    declared stream's `pykka_delivery.partitions.config.StreamConfig` follows too);
+    ``namespace`` may be empty, else it follows the same rule as names.
     """
 
     namespace: str
@@ -318,26 +319,19 @@ class CreateStream:
     partitions: int
 
     def __post_init__(self) -> None:
-        # Imported here: the partitions package imports the coordinator's client.
-        from pykka_delivery.partitions.config import StreamConfig  # noqa: PLC0415
-
         _require(
             isinstance(self.namespace, str),
             f"CreateStream.namespace must be a string, got {self.namespace!r}",
         )
-        if self.namespace:
-            try:
-                StreamConfig(self.namespace, 1)
-            except ValueError:
-                msg = (
-                    f"CreateStream.namespace {self.namespace!r} is not valid: leave it empty, "
-                    f"or use letters, digits, '.', '_' and '-'"
-                )
-                raise ValueError(msg) from None
-        try:
-            StreamConfig(self.name, self.partitions)
-        except ValueError as error:
-            raise ValueError(f"CreateStream: {error}") from None
+        if self.namespace and name_problem("namespace", self.namespace):
+            msg = (
+                f"CreateStream.namespace {self.namespace!r} is not valid: leave it empty, "
+                f"or {NAME_RULE}"
+            )
+            raise ValueError(msg)
+        problem = name_problem("stream", self.name) or partitions_problem(self.partitions)
+        if problem:
+            raise ValueError(f"CreateStream: {problem}")
 
     @property
     def stream_id(self) -> StreamId:

@@ -10,9 +10,12 @@ partition counts and the consumer groups that follow them, in a start-up TOML fi
 hands it to one `Producer` per (group, partition), wrapped with its key (`envelope`).
 `group` consumes them: a `GroupMember` registers every partition of the stream in the
 coordinator as a partitioned single-active-consumer group, consumes the partitions it is
-given and calls a handler with each `GroupDelivery`. See docs/partitions.md.
+given and calls a handler with each `GroupDelivery`. Both name their partitions' groups
+and producers, and read a stream's partition count from the coordinator, through
+`catalog`; their settings and statistics are in `records`. See docs/partitions.md.
 """
 
+from pykka_delivery.partitions.catalog import partition_stream, producer_id
 from pykka_delivery.partitions.config import (
     DEFAULT_MAX_PARTITIONS,
     ConfigError,
@@ -27,19 +30,14 @@ from pykka_delivery.partitions.config import (
     load_config,
 )
 from pykka_delivery.partitions.envelope import KEYED_MESSAGE_NAME, Key, KeyedMessage
-from pykka_delivery.partitions.group import (
-    DEFAULT_NAMESPACE,
+from pykka_delivery.partitions.group import DEFAULT_NAMESPACE, GroupMember
+from pykka_delivery.partitions.producer import PartitionedProducer
+from pykka_delivery.partitions.records import (
     GroupDelivery,
-    GroupMember,
     GroupMemberSettings,
     GroupMemberStats,
-)
-from pykka_delivery.partitions.producer import (
-    PartitionedProducer,
     PartitionedProducerSettings,
     PartitionedProducerStats,
-    partition_stream,
-    producer_id,
 )
 from pykka_delivery.partitions.routing import (
     Router,

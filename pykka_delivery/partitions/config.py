@@ -10,19 +10,19 @@ The file has two kinds of tables, keyed by name::
     streams = ["orders"]
 
 Any TOML spelling of the same data is accepted (``orders = { partitions = 8 }`` under
-``[streams]``, dotted keys, ...). Names are letters, digits, ``.``, ``_`` and ``-``.
+``[streams]``, dotted keys, ...). Names are letters, digits, ``.``, ``_`` and ``-`` (the
+coordinator's catalog rules, `pykka_delivery.coordinator.stream_rules`).
 
 Every problem is reported with the file and the line: TOML syntax errors keep tomllib's
 message and position; for the rest (an unknown stream in a group, a partition count that
 is not a whole number from 1 to `PartitionsSettings.max_partitions`, an unknown key, a
-name declared twice) the line is found by `_KeyLines`, a scanner that walks the text
+name declared twice) the line is found by `_toml_keys.KeyLines`, a scanner that walks the text
 tomllib accepted and notes where each key (and each array element) starts. All problems of
 a file are reported at once, in line order.
 """
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import os
 import re
@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from pykka_delivery.coordinator.stream_rules import name_problem, partitions_problem
 from pykka_delivery.errors import DeliveryError
+from pykka_delivery.partitions._toml_keys import KeyLines, KeyPath, toml_key
 from pykka_delivery.partitions.routing import kept_fraction
 
 __all__ = [
@@ -52,13 +54,9 @@ __all__ = [
 DEFAULT_MAX_PARTITIONS = 1024
 """Default of `PartitionsSettings.max_partitions`."""
 
-_NAME = re.compile(r"[A-Za-z0-9._-]+")
-_NAME_RULE = "use letters, digits, '.', '_' and '-'"
 _TOP_KEYS = ("streams", "groups")
 _STREAM_KEYS = ("partitions",)
 _GROUP_KEYS = ("streams",)
-
-_KeyPath = tuple[str | int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,24 +77,6 @@ class PartitionsSettings:
             raise ValueError(msg)
 
 
-def _name_problem(kind: str, name: object) -> str | None:
-    if isinstance(name, str) and _NAME.fullmatch(name):
-        return None
-    return f"{kind} name {name!r} is not valid: {_NAME_RULE}"
-
-
-def _count_problem(value: object, limit: int | None) -> str | None:
-    if type(value) is int and value >= 1 and (limit is None or value <= limit):
-        return None
-    hint = " (write it without quotes)" if isinstance(value, str) else ""
-    if limit is None:
-        return f"partitions must be a whole number of 1 or more, got {value!r}{hint}"
-    return (
-        f"partitions must be a whole number from 1 to {limit} "
-        f"(PartitionsSettings.max_partitions), got {value!r}{hint}"
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class StreamConfig:
     """A stream split into ``partitions`` partitions, numbered from 0.
@@ -110,7 +90,7 @@ class StreamConfig:
     partitions: int
 
     def __post_init__(self) -> None:
-        problem = _name_problem("stream", self.name) or _count_problem(self.partitions, None)
+        problem = name_problem("stream", self.name) or partitions_problem(self.partitions)
         if problem:
             raise ValueError(problem)
 
@@ -130,9 +110,9 @@ class GroupConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "streams", tuple(self.streams))
-        problem = _name_problem("group", self.name)
+        problem = name_problem("group", self.name)
         for stream in self.streams:
-            problem = problem or _name_problem("stream", stream)
+            problem = problem or name_problem("stream", stream)
         if not problem and not self.streams:
             problem = f"group {self.name!r} follows no streams: give it at least one"
         if not problem and len(set(self.streams)) < len(self.streams):
@@ -144,9 +124,9 @@ class GroupConfig:
 @dataclass(frozen=True, slots=True)
 class _Origin:
     source: str
-    lines: Mapping[_KeyPath, int]
+    lines: Mapping[KeyPath, int]
 
-    def line(self, path: _KeyPath) -> int:
+    def line(self, path: KeyPath) -> int:
         """The line of ``path``, or of its nearest ancestor the scanner saw."""
         for end in range(len(path), 0, -1):
             line = self.lines.get(path[:end])
@@ -268,7 +248,7 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, [_syntax_problem(text, e)]) from e
     # tolerant: should the scanner ever stumble, problems get the line of a parent key.
-    origin = _Origin(source, MappingProxyType(_KeyLines(text, tolerant=True).lines()))
+    origin = _Origin(source, MappingProxyType(KeyLines(text, tolerant=True).lines()))
     checker = _Checker(origin, settings)
     config = checker.check(document)
     if config is None:
@@ -284,11 +264,11 @@ class _Checker:
         self.limit = settings.max_partitions
         self.problems: list[ConfigProblem] = []
 
-    def problem(self, path: _KeyPath, message: str) -> None:
+    def problem(self, path: KeyPath, message: str) -> None:
         self.problems.append(ConfigProblem(self.origin.line(path), message))
 
     def unknown_keys(
-        self, table: Mapping[str, Any], path: _KeyPath, where: str, known: tuple[str, ...]
+        self, table: Mapping[str, Any], path: KeyPath, where: str, known: tuple[str, ...]
     ) -> set[str]:
         """Notes each unknown key; returns the known keys they look like typos of."""
         guessed = set()
@@ -326,9 +306,9 @@ class _Checker:
             return {}
         entries = {}
         for name, body in top.items():
-            name_problem = _name_problem(kind, name)
-            if name_problem:
-                self.problem((kind + "s", name), name_problem)
+            bad_name = name_problem(kind, name)
+            if bad_name:
+                self.problem((kind + "s", name), bad_name)
             elif not isinstance(body, dict):
                 fix = f"make it a table, such as {example.replace('NAME', name)}"
                 self.problem((kind + "s", name), f"{kind} {name!r} is {body!r}; {fix}")
@@ -344,7 +324,9 @@ class _Checker:
                 fix = f"add partitions = N (1 to {self.limit})"
                 self.problem(path, f"stream {name!r} has no partition count; {fix}")
             return None
-        problem = _count_problem(body["partitions"], self.limit)
+        problem = partitions_problem(
+            body["partitions"], self.limit, "PartitionsSettings.max_partitions"
+        )
         if problem:
             self.problem((*path, "partitions"), f"stream {name!r}: {problem}")
             return None
@@ -364,15 +346,15 @@ class _Checker:
             return None
         good = True
         for index, stream in enumerate(streams):
-            where: _KeyPath = (*path, "streams", index)
+            where: KeyPath = (*path, "streams", index)
             if not isinstance(stream, str):
                 self.problem(where, f"group {name!r}: {stream!r} is not a stream name (a string)")
-            elif _name_problem("stream", stream):
-                self.problem(where, f"group {name!r} follows a {_name_problem('stream', stream)}")
+            elif name_problem("stream", stream):
+                self.problem(where, f"group {name!r} follows a {name_problem('stream', stream)}")
             elif stream not in declared:
                 close = difflib.get_close_matches(stream, sorted(declared), n=1)
                 guess = f"did you mean {close[0]!r}, or " if close else ""
-                fix = f"{guess}declare it as [streams.{_toml_key(stream)}]"
+                fix = f"{guess}declare it as [streams.{toml_key(stream)}]"
                 self.problem(where, f"group {name!r} follows unknown stream {stream!r}; {fix}")
             elif stream in streams[:index]:
                 self.problem(where, f"group {name!r} lists stream {stream!r} twice; list it once")
@@ -391,10 +373,10 @@ def _syntax_problem(text: str, error: tomllib.TOMLDecodeError) -> ConfigProblem:
     """tomllib's message and line, or a plainer one when a name or key was given twice."""
     found = _TOML_POSITION.search(str(error))
     line = int(found.group(1)) if found and found.group(1) else text.rstrip().count("\n") + 1
-    twice = _KeyLines(text, tolerant=True).first_duplicate()
+    twice = KeyLines(text, tolerant=True).first_duplicate()
     if twice is not None and twice[2] <= line:
         path, first, second, header = twice
-        dotted = ".".join(_toml_key(str(key)) for key in path)
+        dotted = ".".join(toml_key(str(key)) for key in path)
         if len(path) == 2 and path[0] in _TOP_KEYS:
             kind = str(path[0])[:-1]
             what, fix = f"{kind} {path[1]!r} is declared twice", f"declare each {kind} once"
@@ -404,208 +386,6 @@ def _syntax_problem(text: str, error: tomllib.TOMLDecodeError) -> ConfigProblem:
             what, fix = f"key {dotted} is set twice", "keep one"
         return ConfigProblem(second, f"{what} (first at line {first}); {fix}")
     return ConfigProblem(line, f"not valid TOML: {error}; fix the syntax (see https://toml.io)")
-
-
-# -- where each key is -----------------------------------------------------------------------
-
-_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_SCALAR_END = frozenset(",]}#\r\n")
-
-
-class _KeyLines:
-    """Finds the line of every key in a TOML text, which tomllib does not report.
-
-    Walks the text as TOML 1.0 defines it: comments, the four kinds of strings (escapes
-    and multi-line ones included), ``[table]`` and ``[[array of tables]]`` headers, dotted
-    and quoted keys, inline tables and (multi-line) arrays, whose elements get their index
-    as the last part of their path. ``lines()`` maps each path, such as ``("streams",
-    "orders", "partitions")`` or ``("groups", "billing", "streams", 1)``, to the line where
-    it first appears, or where its table header is. It expects a text tomllib accepted;
-    with ``tolerant``, it stops quietly where the text goes wrong, keeping what it saw
-    (used to explain tomllib's duplicate-key errors).
-    """
-
-    def __init__(self, text: str, *, tolerant: bool = False) -> None:
-        self.text = text
-        self.pos = 0
-        self.first: dict[_KeyPath, int] = {}  # path -> position where it first appears
-        self.headers: dict[_KeyPath, int] = {}  # path -> position of its [header]
-        self.defined: list[tuple[_KeyPath, int, bool]] = []  # headers, key = value; is header
-        self._arrays: dict[_KeyPath, int] = {}  # array of tables -> index of its last element
-        self._newlines = [m.start() for m in re.finditer("\n", text)]
-        try:
-            self._document()
-        except (IndexError, ValueError, tomllib.TOMLDecodeError):
-            if not tolerant:
-                raise
-
-    def lines(self) -> dict[_KeyPath, int]:
-        positions = {**self.first, **self.headers}
-        return {path: self._line(pos) for path, pos in positions.items()}
-
-    def first_duplicate(self) -> tuple[_KeyPath, int, int, bool] | None:
-        """The first path defined twice: (path, first line, second line, by a header)."""
-        seen: dict[_KeyPath, int] = {}
-        for path, pos, header in self.defined:
-            if path in seen:
-                return path, self._line(seen[path]), self._line(pos), header
-            seen[path] = pos
-        return None
-
-    def _line(self, pos: int) -> int:
-        return bisect.bisect_right(self._newlines, pos) + 1
-
-    def _skip(self, *, newlines: bool) -> None:
-        text, pos = self.text, self.pos
-        while pos < len(text):
-            char = text[pos]
-            if char in " \t" or (newlines and char in "\r\n"):
-                pos += 1
-            elif char == "#":
-                end = text.find("\n", pos)
-                pos = len(text) if end < 0 else end
-            else:
-                break
-        self.pos = pos
-
-    def _mention(self, path: _KeyPath, pos: int) -> None:
-        self.first.setdefault(path, pos)
-
-    def _define(self, path: _KeyPath, pos: int, *, header: bool = False) -> None:
-        self._mention(path, pos)
-        self.defined.append((path, pos, header))
-
-    def _document(self) -> None:
-        table: _KeyPath = ()
-        while True:
-            self._skip(newlines=True)
-            if self.pos >= len(self.text):
-                return
-            start = self.pos
-            if self.text.startswith("[[", start):
-                self.pos += 2
-                keys = self._key()
-                prefix = self._resolve(keys[:-1], start)
-                array = (*prefix, keys[-1])
-                self._mention(array, start)
-                self._arrays[array] = self._arrays.get(array, -1) + 1
-                table = (*array, self._arrays[array])
-                self.headers[table] = start
-                self._expect("]]")
-            elif self.text.startswith("[", start):
-                self.pos += 1
-                table = self._resolve(self._key(), start)
-                self.headers.setdefault(table, start)
-                self._define(table, start, header=True)
-                self._expect("]")
-            else:
-                self._key_value(table)
-
-    def _resolve(self, keys: tuple[str, ...], pos: int) -> _KeyPath:
-        """A header's path, with the current index of each array of tables on it."""
-        path: _KeyPath = ()
-        for key in keys:
-            path = (*path, key)
-            self._mention(path, pos)
-            if path in self._arrays:
-                path = (*path, self._arrays[path])
-        return path
-
-    def _key_value(self, table: _KeyPath) -> None:
-        start = self.pos
-        keys = self._key()
-        for end in range(1, len(keys)):
-            self._mention((*table, *keys[:end]), start)
-        path = (*table, *keys)
-        self._define(path, start)
-        self._expect("=")
-        self._value(path)
-
-    def _expect(self, token: str) -> None:
-        self._skip(newlines=False)
-        if not self.text.startswith(token, self.pos):
-            msg = f"expected {token!r} at position {self.pos}"
-            raise ValueError(msg)
-        self.pos += len(token)
-
-    def _key(self) -> tuple[str, ...]:
-        keys = []
-        while True:
-            self._skip(newlines=False)
-            start = self.pos
-            if self.text[start] in "\"'":
-                self.pos = self._string_end(start)
-                keys.append(tomllib.loads("k = " + self.text[start : self.pos])["k"])
-            else:
-                while self.text[self.pos] in _BARE_KEY:
-                    self.pos += 1
-                if self.pos == start:
-                    msg = f"expected a key at position {start}"
-                    raise ValueError(msg)
-                keys.append(self.text[start : self.pos])
-            self._skip(newlines=False)
-            if not self.text.startswith(".", self.pos):
-                return tuple(keys)
-            self.pos += 1
-
-    def _string_end(self, start: int) -> int:
-        """The position just past the string starting at ``start``."""
-        text = self.text
-        quote = text[start]
-        if text.startswith(quote * 3, start):
-            pos = start + 3
-            while True:
-                if quote == '"' and text[pos] == "\\":
-                    pos += 2
-                elif text.startswith(quote * 3, pos):
-                    # Up to two quotes may end the content before the closing three.
-                    run = 3
-                    while run < 5 and text.startswith(quote, pos + run):
-                        run += 1
-                    return pos + run
-                else:
-                    pos += 1
-        pos = start + 1
-        while text[pos] != quote:
-            pos += 2 if quote == '"' and text[pos] == "\\" else 1
-        return pos + 1
-
-    def _value(self, path: _KeyPath) -> None:
-        self._skip(newlines=False)
-        char = self.text[self.pos]
-        if char in "\"'":
-            self.pos = self._string_end(self.pos)
-        elif char == "[":
-            self.pos += 1
-            self._items(path, "]", keyed=False)
-        elif char == "{":
-            self.pos += 1
-            self._items(path, "}", keyed=True)
-        else:
-            start = self.pos
-            while self.pos < len(self.text) and self.text[self.pos] not in _SCALAR_END:
-                self.pos += 1
-            if self.pos == start:  # only in a text tomllib refused: stop, never loop
-                msg = f"expected a value at position {start}"
-                raise ValueError(msg)
-
-    def _items(self, path: _KeyPath, close: str, *, keyed: bool) -> None:
-        """The elements of an array or the pairs of an inline table, up to ``close``."""
-        index = 0
-        while True:
-            self._skip(newlines=True)
-            if self.text[self.pos] == close:
-                self.pos += 1
-                return
-            if keyed:
-                self._key_value(path)
-            else:
-                self._mention((*path, index), self.pos)
-                self._value((*path, index))
-            index += 1
-            self._skip(newlines=True)
-            if self.text[self.pos] == ",":
-                self.pos += 1
 
 
 # -- growth and writing -----------------------------------------------------------------------
@@ -655,16 +435,10 @@ def check_growth(old: PartitionsConfig, new: PartitionsConfig) -> tuple[StreamGr
     return tuple(growths)
 
 
-def _toml_key(name: str) -> str:
-    return name if set(name) <= _BARE_KEY else f'"{name}"'
-
-
 def dump_config(config: PartitionsConfig) -> str:
     """The TOML text of ``config``, in the format `load_config` reads."""
-    parts = [
-        f"[streams.{_toml_key(s.name)}]\npartitions = {s.partitions}\n" for s in config.streams
-    ]
+    parts = [f"[streams.{toml_key(s.name)}]\npartitions = {s.partitions}\n" for s in config.streams]
     for group in config.groups:
         names = ", ".join(f'"{s}"' for s in group.streams)
-        parts.append(f"[groups.{_toml_key(group.name)}]\nstreams = [{names}]\n")
+        parts.append(f"[groups.{toml_key(group.name)}]\nstreams = [{names}]\n")
     return "\n".join(parts)

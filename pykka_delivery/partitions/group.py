@@ -51,12 +51,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
@@ -65,20 +63,21 @@ from pykka_delivery.coordinator.coordinated_consumer import (
     CoordinatedConsumer,
 )
 from pykka_delivery.coordinator.state import SIMPLE
-from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.messages import Delivery
-from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
+from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupStore
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
+from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream, producer_id
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
-from pykka_delivery.partitions.envelope import Key, unwrap
-from pykka_delivery.partitions.producer import catalog_partitions, partition_stream, producer_id
+from pykka_delivery.partitions.envelope import unwrap
+from pykka_delivery.partitions.records import GroupDelivery, GroupMemberSettings, GroupMemberStats
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
 if TYPE_CHECKING:
     from pykka_delivery.transport.node import Node
 
+# The records live in `records`; importable from here as well, where they were first defined.
 __all__ = [
     "DEFAULT_NAMESPACE",
     "GroupDelivery",
@@ -94,102 +93,6 @@ DEFAULT_NAMESPACE = "default"
 
 DedupSource = str | os.PathLike[str] | Callable[[int], DedupStore]
 """An SQLite file shared by the group's members, or a factory: partition -> a new store."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDelivery:
-    """One message of a partitioned stream, handed to a group member's handler.
-
-    Attributes:
-        stream: the stream's name.
-        partition: the partition it came from.
-        group: the consumer group.
-        key: its key as sent (bytes or str), or None for an unkeyed message.
-        message: the message.
-        producer_id: the stream of (group, partition) it belongs to,
-            ``producer_id(stream, partition, group)``.
-        seq_nr: its number in that stream (consecutive, from 1).
-    """
-
-    stream: str
-    partition: int
-    group: str
-    key: Key
-    message: Any
-    producer_id: str
-    seq_nr: int
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMemberSettings:
-    """Settings of a `GroupMember`. Durations are seconds.
-
-    Attributes:
-        consumer: the settings of each partition's consumer (window, retries, dedup
-            store retries); None (the default): `ConsumerControllerSettings` defaults.
-        close_grace: how long `close` lets the handler calls in progress finish before it
-            leaves the group (Runnel's grace period). Default 10; 0 to 3600.
-        retry_backoff_min: the wait before a failed handler is called again with the same
-            delivery; doubled after each further failure. Default 0.1; above 0.
-        retry_backoff_max: the longest wait between two calls. Default 5; at least
-            ``retry_backoff_min``, at most 3600.
-        registration_timeout: how long the registration of each partition may wait for
-            the coordinator's answer. Default 30; above 0, at most 3600.
-        close_timeout: how long `close` waits, after leaving the group, for each
-            partition's thread to end (a handler still running past ``close_grace`` is
-            not waited for longer). Default 10; 0 to 3600.
-        dedup: the settings of the `SqliteDedupStore` opened per activation when the
-            store is given as a path; None (the default): `SqliteDedupSettings` defaults.
-    """
-
-    consumer: ConsumerControllerSettings | None = None
-    close_grace: float = 10.0
-    retry_backoff_min: float = 0.1
-    retry_backoff_max: float = 5.0
-    registration_timeout: float = 30.0
-    close_timeout: float = 10.0
-    dedup: SqliteDedupSettings | None = None
-
-    def __post_init__(self) -> None:
-        for name, low, strict in (
-            ("close_grace", 0.0, False),
-            ("retry_backoff_min", 0.0, True),
-            ("retry_backoff_max", self.retry_backoff_min, False),
-            ("registration_timeout", 0.0, True),
-            ("close_timeout", 0.0, False),
-        ):
-            value = getattr(self, name)
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and (value > low if strict else value >= low)
-                and value <= 3600
-            )
-            if not ok:
-                bound = "above" if strict else "at least"
-                msg = (
-                    f"GroupMemberSettings.{name} must be a number of seconds {bound} {low} "
-                    f"and at most 3600, got {value!r}"
-                )
-                raise ValueError(msg)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMemberStats:
-    """Counters of a `GroupMember`, as a frozen snapshot.
-
-    Attributes:
-        handled: per partition, deliveries handled and confirmed by this member.
-        handler_failures: handler calls that raised (each retried).
-        activations: per partition, how many times this member became its consumer.
-        owned: the partitions this member consumes now.
-    """
-
-    handled: tuple[int, ...]
-    handler_failures: int
-    activations: tuple[int, ...]
-    owned: frozenset[int]
 
 
 class GroupMember:
@@ -376,7 +279,7 @@ class GroupMember:
     ) -> GroupMember:
         """A member of ``group`` on ``stream`` with the partition count of the
         coordinator's stream catalog (see
-        `pykka_delivery.partitions.producer.catalog_partitions`: ``create_with`` creates
+        `pykka_delivery.partitions.catalog.catalog_partitions`: ``create_with`` creates
         a stream the catalog lacks). ``catalog_namespace`` is the stream's namespace in
         the catalog (the group's own is ``namespace``, in ``kwargs``); ``timeout`` bounds
         each catalog request; ``kwargs`` as for the constructor.

@@ -56,20 +56,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
-from pykka_delivery.coordinator.commands import Refusal
-from pykka_delivery.delivery.core.producer import ProducerStats
-from pykka_delivery.delivery.core.settings import ProducerControllerSettings
+from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.delivery.handles.producer import Producer
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue, SqliteQueueSettings
+from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
+from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream, producer_id
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
+from pykka_delivery.partitions.records import PartitionedProducerSettings, PartitionedProducerStats
 from pykka_delivery.partitions.routing import Router
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
@@ -77,6 +75,8 @@ from pykka_delivery.protocol.serialization import Serialization
 if TYPE_CHECKING:
     from pykka_delivery.transport.node import Node
 
+# The records and the catalog names live in `records` and `catalog`; importable from here
+# as well, where they were first defined.
 __all__ = [
     "PartitionedProducer",
     "PartitionedProducerSettings",
@@ -90,104 +90,6 @@ logger = logging.getLogger("pykka_delivery.partitions")
 
 DurableQueueSource = str | os.PathLike[str] | Callable[[str], DurableProducerQueue]
 """An SQLite file for every (group, partition) queue, or a factory: producer id -> queue."""
-
-
-def catalog_partitions(
-    client: CoordinatorClient,
-    stream: str,
-    *,
-    namespace: str = "",
-    create_with: int | None = None,
-    timeout: float | None = None,
-) -> int:
-    """The partition count of ``stream`` in the coordinator's stream catalog.
-
-    With ``create_with``, a stream the catalog does not have is created with that many
-    partitions first. A stream it has keeps its count (``create_with`` neither grows
-    nor shrinks it: growing is ``client.create_stream`` with the new count, and a running
-    producer or member keeps its count until it grows, with ``grow_from_catalog``).
-
-    Raises:
-        KeyError: the catalog has no such stream and ``create_with`` is None.
-        ValueError: a bad name or ``create_with``.
-        CoordinatorRefused: ``create_with`` is above the coordinator's ``max_partitions``.
-        ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable, ClosedError: the
-            coordinator could not be asked.
-    """
-    partitions = client.stream_partitions(stream, namespace=namespace, timeout=timeout)
-    if partitions is not None:
-        return partitions
-    if create_with is None:
-        msg = (
-            f"the coordinator has no stream {stream!r} in namespace {namespace!r}: create "
-            f"it (client.create_stream({stream!r}, partitions, namespace={namespace!r}), "
-            f"or pass create_with=partitions)"
-        )
-        raise KeyError(msg)
-    try:
-        client.create_stream(stream, create_with, namespace=namespace, timeout=timeout)
-    except CoordinatorRefused as refused:
-        # Someone created it meanwhile with more partitions: use theirs.
-        if refused.refusal is not Refusal.PARTITIONS_SHRINK:
-            raise
-    partitions = client.stream_partitions(stream, namespace=namespace, timeout=timeout)
-    if partitions is None:  # cannot happen: streams are never deleted
-        msg = f"stream {stream!r} in namespace {namespace!r} vanished after its creation"
-        raise KeyError(msg)
-    return partitions
-
-
-def partition_stream(stream: str, partition: int) -> str:
-    """The stream of one partition, ``"<stream>-<partition>"``: the coordinator's group key
-    for that partition (``GroupId(namespace, partition_stream(...), group)``)."""
-    return f"{stream}-{partition}"
-
-
-def producer_id(stream: str, partition: int, group: str) -> str:
-    """The producer id of group ``group``'s stream of partition ``partition``,
-    ``"<stream>-<partition>:<group>"``; also its name on the producer's transport node
-    and, for a `GroupMember` with a deduplication store, its consumer id there."""
-    return f"{partition_stream(stream, partition)}:{group}"
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionedProducerSettings:
-    """Settings of a `PartitionedProducer`.
-
-    Attributes:
-        producer: the settings of every (group, partition) `Producer`; None (the
-            default): `ProducerControllerSettings` defaults.
-        run_length: unkeyed messages sent to one partition before the round robin moves
-            on (`Spreader`); 1 to 1,000,000. Default 1 (the most even spread).
-        durable_queue: the settings of the `SqliteDurableQueue` opened per (group,
-            partition) when a path is given; None (the default): `SqliteQueueSettings`
-            defaults.
-    """
-
-    producer: ProducerControllerSettings | None = None
-    run_length: int = 1
-    durable_queue: SqliteQueueSettings | None = None
-
-    def __post_init__(self) -> None:
-        if type(self.run_length) is not int or not 1 <= self.run_length <= 1_000_000:
-            msg = (
-                f"PartitionedProducerSettings.run_length must be a whole number from 1 to "
-                f"1000000, got {self.run_length!r}"
-            )
-            raise ValueError(msg)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionedProducerStats:
-    """Counters of a `PartitionedProducer`, as a frozen snapshot.
-
-    Attributes:
-        sent: messages accepted per partition (each went to every group).
-        producers: each (group, partition) producer's counters, keyed by its producer id.
-    """
-
-    sent: tuple[int, ...]
-    producers: dict[str, ProducerStats]
 
 
 class PartitionedProducer:

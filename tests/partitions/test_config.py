@@ -28,7 +28,7 @@ from pykka_delivery.partitions import (
     dump_config,
     load_config,
 )
-from pykka_delivery.partitions.config import _KeyLines
+from pykka_delivery.partitions._toml_keys import KeyLines as _KeyLines
 
 GOOD = """\
 # Streams and their partition counts.

@@ -1,0 +1,169 @@
+"""The frozen records of partitioned streams: the settings and statistics of a
+`PartitionedProducer` and of a `GroupMember`, and the `GroupDelivery` a member's handler
+is called with. Importable from `pykka_delivery.partitions` and from the modules of the
+classes they belong to (``producer``, ``group``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pykka_delivery.delivery.core.producer import ProducerStats
+from pykka_delivery.delivery.core.settings import (
+    ConsumerControllerSettings,
+    ProducerControllerSettings,
+)
+from pykka_delivery.delivery.stores.dedup import SqliteDedupSettings
+from pykka_delivery.delivery.stores.durable_sqlite import SqliteQueueSettings
+from pykka_delivery.partitions.envelope import Key
+
+__all__ = [
+    "GroupDelivery",
+    "GroupMemberSettings",
+    "GroupMemberStats",
+    "PartitionedProducerSettings",
+    "PartitionedProducerStats",
+]
+
+
+# --- the producer ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedProducerSettings:
+    """Settings of a `PartitionedProducer`.
+
+    Attributes:
+        producer: the settings of every (group, partition) `Producer`; None (the
+            default): `ProducerControllerSettings` defaults.
+        run_length: unkeyed messages sent to one partition before the round robin moves
+            on (`Spreader`); 1 to 1,000,000. Default 1 (the most even spread).
+        durable_queue: the settings of the `SqliteDurableQueue` opened per (group,
+            partition) when a path is given; None (the default): `SqliteQueueSettings`
+            defaults.
+    """
+
+    producer: ProducerControllerSettings | None = None
+    run_length: int = 1
+    durable_queue: SqliteQueueSettings | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.run_length) is not int or not 1 <= self.run_length <= 1_000_000:
+            msg = (
+                f"PartitionedProducerSettings.run_length must be a whole number from 1 to "
+                f"1000000, got {self.run_length!r}"
+            )
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedProducerStats:
+    """Counters of a `PartitionedProducer`, as a frozen snapshot.
+
+    Attributes:
+        sent: messages accepted per partition (each went to every group).
+        producers: each (group, partition) producer's counters, keyed by its producer id.
+    """
+
+    sent: tuple[int, ...]
+    producers: dict[str, ProducerStats]
+
+
+# --- the group member --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDelivery:
+    """One message of a partitioned stream, handed to a group member's handler.
+
+    Attributes:
+        stream: the stream's name.
+        partition: the partition it came from.
+        group: the consumer group.
+        key: its key as sent (bytes or str), or None for an unkeyed message.
+        message: the message.
+        producer_id: the stream of (group, partition) it belongs to,
+            ``producer_id(stream, partition, group)``.
+        seq_nr: its number in that stream (consecutive, from 1).
+    """
+
+    stream: str
+    partition: int
+    group: str
+    key: Key
+    message: Any
+    producer_id: str
+    seq_nr: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberSettings:
+    """Settings of a `GroupMember`. Durations are seconds.
+
+    Attributes:
+        consumer: the settings of each partition's consumer (window, retries, dedup
+            store retries); None (the default): `ConsumerControllerSettings` defaults.
+        close_grace: how long `close` lets the handler calls in progress finish before it
+            leaves the group (Runnel's grace period). Default 10; 0 to 3600.
+        retry_backoff_min: the wait before a failed handler is called again with the same
+            delivery; doubled after each further failure. Default 0.1; above 0.
+        retry_backoff_max: the longest wait between two calls. Default 5; at least
+            ``retry_backoff_min``, at most 3600.
+        registration_timeout: how long the registration of each partition may wait for
+            the coordinator's answer. Default 30; above 0, at most 3600.
+        close_timeout: how long `close` waits, after leaving the group, for each
+            partition's thread to end (a handler still running past ``close_grace`` is
+            not waited for longer). Default 10; 0 to 3600.
+        dedup: the settings of the `SqliteDedupStore` opened per activation when the
+            store is given as a path; None (the default): `SqliteDedupSettings` defaults.
+    """
+
+    consumer: ConsumerControllerSettings | None = None
+    close_grace: float = 10.0
+    retry_backoff_min: float = 0.1
+    retry_backoff_max: float = 5.0
+    registration_timeout: float = 30.0
+    close_timeout: float = 10.0
+    dedup: SqliteDedupSettings | None = None
+
+    def __post_init__(self) -> None:
+        for name, low, strict in (
+            ("close_grace", 0.0, False),
+            ("retry_backoff_min", 0.0, True),
+            ("retry_backoff_max", self.retry_backoff_min, False),
+            ("registration_timeout", 0.0, True),
+            ("close_timeout", 0.0, False),
+        ):
+            value = getattr(self, name)
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (value > low if strict else value >= low)
+                and value <= 3600
+            )
+            if not ok:
+                bound = "above" if strict else "at least"
+                msg = (
+                    f"GroupMemberSettings.{name} must be a number of seconds {bound} {low} "
+                    f"and at most 3600, got {value!r}"
+                )
+                raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberStats:
+    """Counters of a `GroupMember`, as a frozen snapshot.
+
+    Attributes:
+        handled: per partition, deliveries handled and confirmed by this member.
+        handler_failures: handler calls that raised (each retried).
+        activations: per partition, how many times this member became its consumer.
+        owned: the partitions this member consumes now.
+    """
+
+    handled: tuple[int, ...]
+    handler_failures: int
+    activations: tuple[int, ...]
+    owned: frozenset[int]
