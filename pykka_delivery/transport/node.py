@@ -23,27 +23,26 @@ Theory of operation:
   lost and the transport knows nothing of delivery rules.
 * Bad input never crashes a node: a malformed envelope, an unknown target, an
   unauthenticated peer or an oversize frame is refused, logged and counted.
+
+Modules: this one has the `Node` (server, naming, receiving, dialling); ``_peer.py`` a
+peer's outbox and writer; ``frames.py`` what goes into a frame; ``remote_ref.py`` the
+`RemoteRef`; ``stats.py`` the counters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import random
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pykka
 
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
-from pykka_delivery.protocol.codec import PROMPT, Codec, FrameBuilder, messages_in, split_frame
+from pykka_delivery.protocol.codec import Codec
 from pykka_delivery.protocol.messages import (
     PeerLinkChanged,
     Ref,
@@ -52,6 +51,8 @@ from pykka_delivery.protocol.messages import (
     TellsMany,
 )
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
+from pykka_delivery.transport._peer import Peer, Stream
+from pykka_delivery.transport.frames import messages_in, split_frame
 from pykka_delivery.transport.grpc_setup import (
     bearer_token_ok,
     keepalive_options,
@@ -59,286 +60,15 @@ from pykka_delivery.transport.grpc_setup import (
     reconnect_options,
     start_server,
 )
+from pykka_delivery.transport.remote_ref import RemoteRef
 from pykka_delivery.transport.settings import NodeSettings
+from pykka_delivery.transport.stats import Counters, NodeStats
 
 __all__ = ["Node", "NodeStats", "RemoteRef"]
 
 logger = logging.getLogger("pykka_delivery.transport")
 
 _Frame = transport_pb2.Frame
-
-
-class RemoteRef:
-    """A ref to something exposed on a node: ``host:port/name``. ``tell`` from any thread.
-
-    On its own node it tells the local target directly; elsewhere it queues the message
-    for the peer's link. Equal refs have equal paths.
-    """
-
-    __slots__ = ("_node", "_peer", "name", "node_address", "path")
-
-    def __init__(self, node: Node, path: str) -> None:
-        node_address, sep, name = path.partition("/")
-        if not sep or not node_address or not name:
-            msg = f"not a remote address: {path!r} (expected 'host:port/name')"
-            raise ValueError(msg)
-        self._node = node
-        self.path = path
-        self.node_address = node_address
-        self.name = name
-        self._peer: _Peer | None = None
-
-    def __repr__(self) -> str:
-        return f"RemoteRef({self.path})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RemoteRef) and other.path == self.path
-
-    def __hash__(self) -> int:
-        return hash(self.path)
-
-    def tell(self, message: Any) -> None:
-        peer = self._peer
-        if peer is None:
-            if self.node_address == self._node.address:
-                self._node._deliver_local(self.name, message)
-                return
-            peer = self._peer = self._node._peer(self.node_address)
-        peer.enqueue(self.name, message)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStats:
-    """Counters of a node, as a frozen snapshot.
-
-    Attributes:
-        frames_sent / envelopes_sent: what the writers put on links. The envelope
-            counters count messages: each message of a run (consecutive messages of one
-            producer sharing one envelope) counts once.
-        frames_received / envelopes_received: what the readers took off links.
-        links_opened / links_lost: links established (dialled or accepted) and broken.
-        dropped_pending: envelopes dropped because a disconnected peer's outbox was full.
-        dropped_unsendable: messages that could not be encoded or exceeded the size limit.
-        lost_in_flight: messages in a frame whose write failed (the protocol resends).
-        malformed: received envelopes that could not be decoded (a run counts once).
-        unknown_target: received envelopes for a name nothing is exposed under.
-        rejected_links: links refused (authentication, missing hello).
-    """
-
-    frames_sent: int
-    envelopes_sent: int
-    frames_received: int
-    envelopes_received: int
-    links_opened: int
-    links_lost: int
-    dropped_pending: int
-    dropped_unsendable: int
-    lost_in_flight: int
-    malformed: int
-    unknown_target: int
-    rejected_links: int
-
-
-@dataclass(slots=True)
-class _Counters:
-    """The live, mutable counters behind `NodeStats` (same fields)."""
-
-    frames_sent: int = 0
-    envelopes_sent: int = 0
-    frames_received: int = 0
-    envelopes_received: int = 0
-    links_opened: int = 0
-    links_lost: int = 0
-    dropped_pending: int = 0
-    dropped_unsendable: int = 0
-    lost_in_flight: int = 0
-    malformed: int = 0
-    unknown_target: int = 0
-    rejected_links: int = 0
-
-    def snapshot(self) -> NodeStats:
-        return NodeStats(**dataclasses.asdict(self))
-
-
-class _Stream:
-    """One open link, whichever side opened it: something to write frames to."""
-
-    def __init__(
-        self,
-        write: Callable[[_Frame], Any],
-        close: Callable[[], Any],
-        finish: Callable[[], Any] | None = None,
-    ) -> None:
-        self.write = write
-        self.close = close
-        self.finish = finish  # half-close (links we opened): the peer then ends the call
-        self.ended = asyncio.Event()  # our reader saw the call end
-        self.alive = True
-
-
-# A frame of at least this many messages means traffic comes in bursts (see _Peer.run).
-_BURST = 16
-
-
-class _Peer:
-    """Everything about one other node: its outbox, its current link, its writer task."""
-
-    def __init__(self, node: Node, address: str) -> None:
-        self.node = node
-        self.address = address
-        self.max_pending = node.settings.max_pending
-        self.yield_after = node.settings.yield_after
-        self.outbox: deque[tuple[str, Any]] = deque()
-        self.idle = False
-        self.woken_on_loop = False  # by a sender on the node's loop (see _write_frames)
-        self.oldest = 0.0  # when the outbox last went from empty to not empty
-        self.wake = asyncio.Event()
-        self.streams: list[_Stream] = []
-        self.linked = asyncio.Event()
-        self.dialling = False
-        self.channel: grpc.aio.Channel | None = None
-
-    def enqueue(self, target: str, message: Any) -> None:
-        """Any thread: queue, wake the writer only if it is idle, and let it have the GIL
-        when what is queued should not wait (see ``NodeSettings.yield_after``)."""
-        outbox = self.outbox
-        if not outbox:
-            self.oldest = time.monotonic()
-        outbox.append((target, message))
-        if len(outbox) > self.max_pending:
-            outbox.popleft()
-            self.node._counters.dropped_pending += 1
-        if self.idle:
-            self.idle = False
-            node = self.node
-            if threading.get_ident() == node._loop_thread_id:
-                self.woken_on_loop = True
-                self.wake.set()  # told on the node's loop (an asyncio handle sharing it)
-            else:
-                self.woken_on_loop = False
-                node._loop.call_soon_threadsafe(self.wake.set)
-                if type(message) in PROMPT:
-                    time.sleep(0)  # the node's thread writes it now; the other side waits
-        elif not len(outbox) & 15:
-            # The clock is read at every 16th queued message only: it costs 75 ns here, a
-            # fifth of the rest of this call, and 16 messages take ~30 µs to queue.
-            now = time.monotonic()
-            if (
-                now - self.oldest >= self.yield_after
-                and threading.get_ident() != self.node._loop_thread_id
-            ):
-                # A busy application thread would keep the GIL for a whole switch interval
-                # (5 ms) while the batch waits: hand it over, once per yield_after.
-                self.oldest = now
-                time.sleep(0)
-
-    async def run(self) -> None:
-        """The writer: one frame per write, holding everything that was waiting. It never
-        stops on an error of its own: a peer left without a writer would never be sent
-        anything again (what the failed frame held is resent by the protocol)."""
-        while True:
-            try:
-                await self._write_frames()
-            except Exception:
-                logger.exception("The writer to %s failed; it starts again", self.address)
-                await asyncio.sleep(self.node.settings.reconnect_backoff_min)
-
-    async def _write_frames(self) -> None:
-        node = self.node
-        settings = node.settings
-        counters = node._counters
-        codec = node._codec
-        outbox = self.outbox
-        last_frame = 0  # messages in the frame built last
-        # Until a wake-up says otherwise: the senders of a node on its caller's loop share
-        # that loop, those of a node with a loop thread of its own are other threads.
-        self.woken_on_loop = node._thread is None
-        while True:
-            if not outbox:
-                self.idle = True
-                if not outbox:
-                    self.wake.clear()
-                    await self.wake.wait()
-                self.idle = False
-                # Look again: the wake-up a sender scheduled may come after an earlier
-                # frame took its message, and find the outbox empty.
-                continue
-            if not self.streams:
-                await self._connect()
-                continue
-            if settings.linger:
-                await asyncio.sleep(settings.linger)
-            elif (
-                last_frame >= _BURST
-                and not self.woken_on_loop
-                and type(outbox[-1][1]) not in PROMPT
-                and len(outbox) < settings.max_batch
-            ):
-                # Woken for data while traffic comes in bursts: the application thread
-                # may be in the middle of one (waking us released its GIL for a moment).
-                # Give the GIL back once so the burst fills this frame instead of the
-                # next; it yields to us again after yield_after at the latest. At low
-                # rates (small frames) this hand-off would only add latency, and so it
-                # does when the sender shares our loop: it has finished its burst when we
-                # run (measured: 0.13 ms more to the start of each write at 100k msgs/s).
-                time.sleep(0)
-            # Consecutive SequencedMessages of one producer share one envelope (a run).
-            builder = FrameBuilder(codec)
-            for target, message, error in builder.fill(outbox, settings.max_batch):
-                logger.error(
-                    "Cannot send %s to %s/%s: %s",
-                    type(message).__name__,
-                    self.address,
-                    target,
-                    error,
-                )
-                counters.dropped_unsendable += 1
-            last_frame = builder.messages
-            if builder.messages:
-                for part, messages in node._fit(builder.frame, builder.messages):
-                    await self._write(part, messages)
-
-    async def _write(self, frame: _Frame, messages: int) -> None:
-        """Write ``frame``, which carries ``messages`` messages (the envelope counters
-        count messages, each message of a run included)."""
-        stream = self.streams[-1]
-        counters = self.node._counters
-        try:
-            await stream.write(frame)
-        except Exception as error:  # the link broke under us; the protocol will resend
-            counters.lost_in_flight += messages
-            logger.info("Link to %s broke while writing: %s", self.address, error)
-            self.detach(stream)
-            return
-        counters.frames_sent += 1
-        counters.envelopes_sent += messages
-
-    async def _connect(self) -> None:
-        """Dial until a link exists (ours, or one the peer opened meanwhile)."""
-        settings = self.node.settings
-        delay = settings.reconnect_backoff_min
-        while not self.streams:
-            if await self.node._dial(self):
-                return
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(settings.reconnect_backoff_max, delay * 2)
-
-    def attach(self, stream: _Stream) -> None:
-        first = not self.streams
-        self.streams.append(stream)
-        self.node._counters.links_opened += 1
-        if first:
-            self.node._notify(self.address, True)
-
-    def detach(self, stream: _Stream) -> None:
-        if stream in self.streams:
-            self.streams.remove(stream)
-            stream.alive = False
-            self.node._counters.links_lost += 1
-            with contextlib.suppress(Exception):
-                stream.close()
-            if not self.streams:
-                self.node._notify(self.address, False)
 
 
 class _Servicer(transport_pb2_grpc.NodeServicer):
@@ -362,7 +92,7 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "the first frame of a link must be a Hello"
             )
         peer = node._peer(first.hello.node)
-        stream = _Stream(context.write, lambda: None)
+        stream = Stream(context.write, lambda: None)
         peer.attach(stream)
         node._deliver(first)
         try:
@@ -420,10 +150,10 @@ class Node:
         # How each target takes a batch: (call, keeps runs whole), or None: one tell each.
         self._batch_takers: dict[str, tuple[Callable[[list[Any]], None], bool] | None] = {}
         self._names: dict[int, tuple[Ref, str]] = {}
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, Peer] = {}
         self._peers_lock = threading.Lock()
         self._listeners: list[Callable[[str, bool], None]] = []
-        self._counters = _Counters()
+        self._counters = Counters()
         self._codec = Codec(self._serialization, self._address_of, self.ref)
         # The node's loop: its own, run on a thread of its own by `start`, or the caller's
         # once `start_async` swaps it in.
@@ -568,14 +298,14 @@ class Node:
 
     # --- sending ---------------------------------------------------------------------
 
-    def _peer(self, address: str) -> _Peer:
+    def _peer(self, address: str) -> Peer:
         peer = self._peers.get(address)
         if peer is not None:
             return peer
         with self._peers_lock:
             peer = self._peers.get(address)
             if peer is None:
-                peer = _Peer(self, address)
+                peer = Peer(self, address)
                 self._peers[address] = peer
                 # Before the node has its address, _start_server starts the writer.
                 if self._writing:
@@ -731,7 +461,7 @@ class Node:
     def _channel(self, address: str) -> grpc.aio.Channel:
         return open_channel(address, self.settings.tls, self._grpc_options())
 
-    async def _dial(self, peer: _Peer) -> bool:
+    async def _dial(self, peer: Peer) -> bool:
         """Open a link to ``peer``; False if it failed (the caller backs off)."""
         s = self.settings
         if peer.channel is None:
@@ -746,12 +476,12 @@ class Node:
         except Exception as error:  # unreachable, refused, timed out
             logger.debug("Cannot link to %s: %s", peer.address, error)
             return False
-        stream = _Stream(call.write, call.cancel, call.done_writing)
+        stream = Stream(call.write, call.cancel, call.done_writing)
         peer.attach(stream)
         self._spawn(self._read(peer, call, stream))
         return True
 
-    async def _read(self, peer: _Peer, call: Any, stream: _Stream) -> None:
+    async def _read(self, peer: Peer, call: Any, stream: Stream) -> None:
         try:
             while stream.alive:
                 frame = await call.read()

@@ -1063,7 +1063,7 @@ def test_a_refused_re_registration_ends_the_coordinated_consumer_with_the_refusa
         assert refused.value.refusal is Refusal.PARTITION_INDEX_CONFLICT
         with pytest.raises(CoordinatorRefused):
             list(consumer)  # the iterator ends with it too
-        assert client._subscriptions == {}, "the subscription is dropped"
+        assert client._requests.subscriptions == {}, "the subscription is dropped"
         consumer.close()
 
 

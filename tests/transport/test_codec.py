@@ -38,13 +38,8 @@ from pykka_delivery.protocol import (
     SerializationError,
     delivery_pb2,
 )
-from pykka_delivery.protocol.codec import (
-    Codec,
-    CodecError,
-    FrameBuilder,
-    messages_in,
-    split_frame,
-)
+from pykka_delivery.protocol import codec as codec_module
+from pykka_delivery.protocol.codec import Codec, CodecError
 from pykka_delivery.protocol.messages import (
     Ack,
     ChunkedMessage,
@@ -56,7 +51,7 @@ from pykka_delivery.protocol.messages import (
     SequencedRun,
 )
 from pykka_delivery.protocol.transport_pb2 import Envelope, Frame, Hello
-from pykka_delivery.protocol import codec as codec_module
+from pykka_delivery.transport.frames import FrameBuilder, messages_in, split_frame
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pykka_delivery.protocol.codec import Codec, FrameBuilder
+from pykka_delivery.protocol.codec import Codec
 from pykka_delivery.protocol.messages import Request, SequencedMessage
 from pykka_delivery.protocol.serialization import Serialization
+from pykka_delivery.transport.frames import FrameBuilder
 
 
 class Endpoint:

@@ -31,10 +31,10 @@ from pykka_delivery import (
 )
 from pykka_delivery.delivery.core.producer import ProducerCore
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
-from pykka_delivery.protocol.codec import FrameBuilder
 from pykka_delivery.protocol.messages import PeerLinkChanged, SequencedMessage
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
-from pykka_delivery.transport.node import _Peer
+from pykka_delivery.transport._peer import Peer
+from pykka_delivery.transport.frames import FrameBuilder
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
 from tests.tcp_proxy import TcpProxy
 
@@ -641,7 +641,7 @@ def test_a_writer_that_fails_starts_again_and_later_messages_go_out(
                 raise RuntimeError("boom")
             return super().fill(outbox, limit)
 
-    monkeypatch.setattr("pykka_delivery.transport.node.FrameBuilder", FailingOnce)
+    monkeypatch.setattr("pykka_delivery.transport._peer.FrameBuilder", FailingOnce)
     a = start(nodes, NodeSettings(reconnect_backoff_min=0.01))
     b = start(nodes)
     sink = Sink()
@@ -657,7 +657,7 @@ def test_a_writer_that_fails_starts_again_and_later_messages_go_out(
 
 
 class _FakeTime:
-    """Stands in for the ``time`` module of node.py: a clock the test moves, and a count
+    """Stands in for the ``time`` module of _peer.py: a clock the test moves, and a count
     of ``sleep(0)`` calls (each one hands the GIL to the node's thread)."""
 
     def __init__(self) -> None:
@@ -689,10 +689,10 @@ def test_a_sender_that_keeps_queueing_hands_the_gil_over_once_per_yield_after(
     monkeypatch: pytest.MonkeyPatch, gap: float, least: int, most: int
 ) -> None:
     clock = _FakeTime()
-    monkeypatch.setattr("pykka_delivery.transport.node.time", clock)
+    monkeypatch.setattr("pykka_delivery.transport._peer.time", clock)
     settings = NodeSettings(yield_after=0.001, max_pending=10_000)
     node = SimpleNamespace(settings=settings, _loop_thread_id=-1)  # another thread's loop
-    peer = _Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]  # what enqueue reads of it
+    peer = Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]  # what enqueue reads of it
 
     for n in range(1000):
         clock.now += gap
@@ -704,9 +704,9 @@ def test_a_sender_that_keeps_queueing_hands_the_gil_over_once_per_yield_after(
 
 def test_a_sender_on_the_nodes_own_loop_never_yields(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _FakeTime()
-    monkeypatch.setattr("pykka_delivery.transport.node.time", clock)
+    monkeypatch.setattr("pykka_delivery.transport._peer.time", clock)
     node = SimpleNamespace(settings=NodeSettings(), _loop_thread_id=threading.get_ident())
-    peer = _Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]
+    peer = Peer(node, "127.0.0.1:9")  # type: ignore[arg-type]
 
     for n in range(1000):
         clock.now += 0.0001

@@ -26,7 +26,7 @@ from pykka_delivery import (
 )
 from pykka_delivery.protocol.messages import PeerLinkChanged, Request, SequencedMessage
 from pykka_delivery.transport import Node, NodeSettings
-from pykka_delivery.transport import node as node_module
+from pykka_delivery.transport import _peer as peer_module
 from tests.tcp_proxy import TcpProxy
 from tests.transport.test_node import Sink, free_port
 
@@ -213,7 +213,7 @@ async def test_a_writer_woken_by_a_sender_on_its_loop_does_not_hand_the_gil_off(
     """A sender sharing the node's loop has finished its burst when the writer runs:
     giving the GIL away there only delays the write (a thread of grpc's takes it)."""
     counting = _CountingTime(threading.get_ident())  # the loop's: where the writers run
-    monkeypatch.setattr(node_module, "time", counting)
+    monkeypatch.setattr(peer_module, "time", counting)
     async with Node() as a, Node() as b:
         assert await deliver(a, b, 3_000, window=500) == list(range(3_000))
         assert a.statistics().envelopes_sent / a.statistics().frames_sent >= 16  # bursts
@@ -225,7 +225,7 @@ def test_a_writer_woken_by_a_sender_on_another_thread_hands_the_gil_off_in_burst
 ) -> None:
     """The control: a `Producer` on its own thread, nodes with loop threads of their own."""
     counting = _CountingTime()
-    monkeypatch.setattr(node_module, "time", counting)
+    monkeypatch.setattr(peer_module, "time", counting)
     with Node() as a, Node() as b:
         settings = ConsumerControllerSettings(flow_control_window=500)
         producer = Producer("numbers", self_ref_factory=a.expose("numbers"))

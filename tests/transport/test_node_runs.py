@@ -2,8 +2,8 @@
 messages, and how the node counts them.
 
 A frame carries consecutive plain SequencedMessages of one producer controller as one
-``sequenced_run`` envelope. The receiving node hands a target whose ``takes_runs`` is True
-(the `Consumer` handle's endpoint) each run as one `SequencedRun`, and every other target
+``sequenced_run`` envelope. The receiving node hands a `TakesRuns` target (the `Consumer`
+handle's endpoint: ``tell_runs``) each run as one `SequencedRun`, and every other target
 the messages. ``envelopes_received`` and ``unknown_target`` count messages either way.
 Two nodes on 127.0.0.1 (or one node and a raw gRPC stream, where the test needs runs of
 an exact shape); every wait is bounded by `WAIT`.
@@ -94,7 +94,8 @@ class BatchRecorder(Recorder):
 class RunRecorder(BatchRecorder):
     """Takes batches and runs, as the `Consumer` handle's endpoint does."""
 
-    takes_runs = True
+    def tell_runs(self, messages: list[Any]) -> None:
+        self._record(messages)
 
 
 def stream(controller: Ref, producer_id: str = "orders") -> list[SequencedMessage]:
@@ -274,7 +275,7 @@ def test_a_consumer_across_nodes_rejecting_some_messages_gets_all_in_order(
 async def test_an_async_consumer_across_nodes_takes_runs_in_order(
     nodes: list[Node], timers: TimerService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The `AsyncConsumer` takes runs too (its endpoint says ``takes_runs``): every
+    """The `AsyncConsumer` takes runs too (its endpoint is `TakesRuns`): every
     message, in order, once, with a rejection in the middle of a run redelivered first,
     and most deliveries taken straight from a run."""
     from_runs = count_deliveries_from_runs(monkeypatch)

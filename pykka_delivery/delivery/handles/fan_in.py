@@ -68,6 +68,7 @@ from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import DeliveryError, DeliveryTimeout
 from pykka_delivery.protocol.messages import PeerLinkChanged, Ref, SequencedMessage
 from pykka_delivery.protocol.serialization import Serialization
+from pykka_delivery.retry import Backoff, Delays
 
 __all__ = ["FanInConsumer", "FanInSettings", "FanInStats"]
 
@@ -490,7 +491,7 @@ class FanInConsumer:
         """Create the producer's consumer (retried with backoff while it fails, say a
         deduplication store that cannot load), then hand it what arrived meanwhile.
         None if the fan-in closed first."""
-        delay = self.settings.retry_backoff_min
+        delays = self._retry_delays()
         captured: list[_Inbox] = []
 
         def capture(endpoint: Ref) -> Ref:
@@ -511,6 +512,7 @@ class FanInConsumer:
             except DeliveryError as error:
                 with self._lock:
                     self._failures += 1
+                delay = next(delays)
                 logger.warning(
                     "%r: creating the consumer of producer %r failed (%s); trying again in %.3g s",
                     self,
@@ -520,7 +522,6 @@ class FanInConsumer:
                 )
                 if self._stopping.wait(delay):
                     return None
-                delay = min(delay * 2, self.settings.retry_backoff_max)
         with self._lock:
             if not self._stopping.is_set():
                 route.consumer, route.endpoint = consumer, captured[0]
@@ -531,11 +532,15 @@ class FanInConsumer:
         consumer.close()  # the fan-in closed meanwhile
         return None
 
+    def _retry_delays(self) -> Delays:
+        """The waits before creating a consumer, or calling a handler, again."""
+        return Backoff(self.settings.retry_backoff_min, self.settings.retry_backoff_max).delays()
+
     def _handle(self, producer_id: str, delivery: Delivery) -> bool:
         """Call the handler until it returns, then confirm (unless it did); False if the
         fan-in closed meanwhile or the confirmation failed (the delivery stays
         unconfirmed, with its producer)."""
-        delay = self.settings.retry_backoff_min
+        delays: Delays | None = None  # made at the first failure: this runs per delivery
         while True:
             answered = _Answered(delivery.confirm_to)
             seen = Delivery(
@@ -558,6 +563,9 @@ class FanInConsumer:
                         error,
                     )
                     break
+                if delays is None:
+                    delays = self._retry_delays()
+                delay = next(delays)
                 logger.warning(
                     "%r: the handler failed on producer %r seq_nr %d (%s: %s); calling it "
                     "again in %.3g s",
@@ -570,7 +578,6 @@ class FanInConsumer:
                 )
                 if self._stopping.wait(delay):
                     return False
-                delay = min(delay * 2, self.settings.retry_backoff_max)
         if not answered.answered and not self._confirm(producer_id, delivery):
             return not self._stopping.is_set()  # if not closing, the next receive raises
         with self._lock:

@@ -28,6 +28,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
     DurableProducerState,
     DurableQueueError,
 )
+from pykka_delivery.retry import Backoff, call_with_retries
 
 __all__ = ["STORE_EFFECTS", "DurableQueueCalls", "wall_clock_millis"]
 
@@ -50,7 +51,8 @@ class DurableQueueCalls:
     A call that raises `DurableQueueError` is tried again after a wait that starts at
     ``settings.durable_queue_retry_backoff`` and doubles up to
     ``durable_queue_retry_backoff_max``, ``durable_queue_retry_attempts`` times in all
-    (Akka's ``retry-attempts``). Any other exception is a broken queue: not retried.
+    (Akka's ``retry-attempts``; see `pykka_delivery.retry`). Any other exception is a
+    broken queue: not retried.
 
     Args:
         queue: the queue; the caller owns it (this never closes it).
@@ -130,32 +132,44 @@ class DurableQueueCalls:
             _durable_logger.error("%s (confirmations not stored: sent again on restart)", error)
 
     def _call(self, what: str, call: Callable[..., _T], *args: Any) -> _T:
+        try:  # the first attempt outside the retry loop: it is made for every message
+            return call(*args)
+        except Exception as error:
+            failed = error
+        return self._retry(what, failed, call, *args)
+
+    def _retry(self, what: str, failed: Exception, call: Callable[..., _T], *args: Any) -> _T:
+        """``call(*args)`` again, its first attempt having raised ``failed``."""
+
+        def on_retry(attempt: int, wait: float, error: Exception) -> None:
+            _durable_logger.warning(
+                "%s: %s on durable queue %r failed, attempt %d of %d, retrying in %.3f s: %s",
+                self._owner,
+                what,
+                self.queue,
+                attempt,
+                attempts,
+                wait,
+                error,
+            )
+            self.retries += 1
+
         settings = self._settings
         attempts = settings.durable_queue_retry_attempts
-        wait = settings.durable_queue_retry_backoff
-        attempt = 1
-        while True:
-            try:
-                return call(*args)
-            except DurableQueueError as error:
-                if attempt >= attempts:
-                    raise self._giving_up(what, attempt, error) from error
-                _durable_logger.warning(
-                    "%s: %s on durable queue %r failed, attempt %d of %d, retrying in %.3f s: %s",
-                    self._owner,
-                    what,
-                    self.queue,
-                    attempt,
-                    attempts,
-                    wait,
-                    error,
-                )
-            except Exception as error:  # a bug or a broken queue: retrying will not help
-                raise self._giving_up(what, attempt, error) from error
-            self.retries += 1
-            self._sleep(wait)
-            wait = min(wait * 2, settings.durable_queue_retry_backoff_max)
-            attempt += 1
+        # Any error but a DurableQueueError is a bug or a broken queue: retrying will not help.
+        return call_with_retries(
+            call,
+            *args,
+            attempts=attempts,
+            backoff=Backoff(
+                settings.durable_queue_retry_backoff, settings.durable_queue_retry_backoff_max
+            ),
+            retry_on=DurableQueueError,
+            on_retry=on_retry,
+            give_up=lambda attempt, error: self._giving_up(what, attempt, error),
+            sleep=self._sleep,
+            failed=failed,
+        )
 
     def _giving_up(self, what: str, attempt: int, error: Exception) -> DurableQueueError:
         msg = (

@@ -58,6 +58,7 @@ from pykka_delivery import _sqlite
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.errors import ClosedError, DeliveryError
 from pykka_delivery.protocol.messages import Ack, Request
+from pykka_delivery.retry import Backoff, call_with_retries
 
 __all__ = [
     "DedupStore",
@@ -434,13 +435,13 @@ class DedupWriter:
 
     A call that fails is tried ``settings.dedup_store_attempts`` times in all, waiting
     ``settings.dedup_store_backoff`` seconds (doubled each time, up to
-    ``dedup_store_backoff_max``) in between, in the
+    ``dedup_store_backoff_max``; see `pykka_delivery.retry`) in between, in the
     caller's thread; then `DedupStoreError` is raised and the writer is *broken*: the
     shell must stop and send no further `Request` or `Ack` (the producer side keeps the
     unconfirmed messages for the next consumer).
     """
 
-    __slots__ = ("_attempts", "_backoff", "_backoff_max", "_sleep", "broken", "dirty", "store")
+    __slots__ = ("_attempts", "_backoff", "_sleep", "broken", "dirty", "store")
 
     def __init__(
         self,
@@ -457,8 +458,7 @@ class DedupWriter:
             raise TypeError(msg)
         self.store = store
         self._attempts = settings.dedup_store_attempts
-        self._backoff = settings.dedup_store_backoff
-        self._backoff_max = settings.dedup_store_backoff_max
+        self._backoff = Backoff(settings.dedup_store_backoff, settings.dedup_store_backoff_max)
         self._sleep = sleep
         self.dirty = False  # recorded, not flushed
         self.broken: DedupStoreError | None = None
@@ -492,28 +492,29 @@ class DedupWriter:
         the first attempt was made already and raised it)."""
         if self.broken is not None:
             raise self.broken
-        attempt, delay = 1, self._backoff
-        while True:
-            if failed is None:
-                try:
-                    return call(*args)
-                except Exception as error:
-                    failed = error
-            # Anything but a DedupStoreError is a bug or a closed store: retrying will not help.
-            if not isinstance(failed, DedupStoreError) or attempt >= self._attempts:
-                raise self._give_up(op, attempt, failed) from failed
+
+        def on_retry(attempt: int, _delay: float, error: Exception) -> None:
             logger.warning(
                 "Deduplication store %r: %s failed (attempt %d of %d), retrying: %s",
                 self.store,
                 op,
                 attempt,
                 self._attempts,
-                failed,
+                error,
             )
-            failed = None
-            self._sleep(delay)
-            delay = min(delay * 2, self._backoff_max)
-            attempt += 1
+
+        # Anything but a DedupStoreError is a bug or a closed store: retrying will not help.
+        return call_with_retries(
+            call,
+            *args,
+            attempts=self._attempts,
+            backoff=self._backoff,
+            retry_on=DedupStoreError,
+            on_retry=on_retry,
+            give_up=lambda attempt, error: self._give_up(op, attempt, error),
+            sleep=self._sleep,
+            failed=failed,
+        )
 
     def _give_up(self, op: str, attempt: int, error: Exception) -> DedupStoreError:
         msg = (

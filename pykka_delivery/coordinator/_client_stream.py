@@ -1,0 +1,318 @@
+"""A `CoordinatorClient`'s connection to the service, on the client's thread: one
+``Connect`` stream at a time, re-opened with backoff until the client closes (see the
+theory of operation in client.py), the unary queries on the same channel, and whether a
+stream is attached, told to the client's listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator._client_requests import Requests
+from pykka_delivery.coordinator.client_errors import (
+    REJECTIONS,
+    ConnectionRejected,
+    CoordinatorUnavailable,
+)
+from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
+from pykka_delivery.errors import DeliveryTimeout
+from pykka_delivery.protocol import coordinator_pb2 as pb
+from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from pykka_delivery.retry import Backoff
+from pykka_delivery.transport.grpc_setup import keepalive_options, open_channel, reconnect_options
+
+__all__ = ["Attachment", "Connection", "Listener"]
+
+logger = logging.getLogger("pykka_delivery.coordinator.client")
+
+Listener = Callable[[bool], object]
+
+
+class Attachment:
+    """Whether a stream is attached (``event``), and the ``listeners`` told when that
+    changes (see `CoordinatorClient.add_listener`)."""
+
+    def __init__(
+        self,
+        address: str,
+        connection_id: str,
+        settings: CoordinatorClientSettings,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._address = address
+        self._connection_id = connection_id
+        self._settings = settings
+        self._loop = loop
+        self.event = threading.Event()
+        self.listeners: list[Listener] = []
+
+    def set(self, attached: bool) -> list[concurrent.futures.Future[Any]]:
+        """Tell the listeners; returns the futures they returned (see `add_listener`)."""
+        if attached:
+            self.event.set()
+            logger.info(
+                "Connected to the coordinator at %s as %r", self._address, self._connection_id
+            )
+        else:
+            self.event.clear()
+        stopping: list[concurrent.futures.Future[Any]] = []
+        for listener in tuple(self.listeners):
+            try:
+                result = listener(attached)
+            except Exception:
+                logger.exception("Coordinator connection listener failed")
+                continue
+            if isinstance(result, concurrent.futures.Future):
+                stopping.append(result)
+        return stopping
+
+    async def wait_done(self, stopping: list[concurrent.futures.Future[Any]]) -> bool:
+        """Wait up to ``close_timeout`` until every future in ``stopping`` is done (set
+        from other threads); whether they all are."""
+        wake = asyncio.Event()
+
+        def done(_future: concurrent.futures.Future[Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(wake.set)
+
+        for future in stopping:
+            future.add_done_callback(done)
+        deadline = self._loop.time() + self._settings.close_timeout
+        while True:
+            wake.clear()
+            if all(future.done() for future in stopping):
+                return True
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), remaining)
+
+
+class Connection:
+    """The stream to the coordinator at ``address`` and the channel it runs on.
+
+    Args:
+        requests: what the streams carry; every new stream starts with its
+            `Requests.first_messages`, and what a stream reads goes to it.
+        hello: the fields of every stream's ``Hello``: connection id, node, owner.
+        attachment: set when a stream attaches (its hello answered), cleared when an
+            attached stream ends.
+        tls_files: the TLS files' contents, read in the caller's thread.
+        metadata: the call metadata (the bearer token).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        settings: CoordinatorClientSettings,
+        requests: Requests,
+        *,
+        hello: tuple[str, str, str],
+        attachment: Attachment,
+        tls_files: tuple[bytes, bytes, bytes] | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.address = address
+        self._settings = settings
+        self._requests = requests
+        self._hello = hello
+        self._attachment = attachment
+        self._tls_files = tls_files
+        self._metadata = metadata
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._call: Any = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._streams_accepted = 0
+        self._attaches = 0
+
+    def begin(self) -> None:
+        """On the client's loop: make the channel and start connecting."""
+        self._channel = self._new_channel()
+        self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call]
+        self._run_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def unary(self, what: str, rpc: str, request: Any, timeout: float) -> Any:
+        """Run the unary ``rpc`` (a stub method's name) with ``request``; its reply.
+
+        Raises:
+            ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable: as
+                `CoordinatorClient.list_groups` says.
+        """
+        call = getattr(self._stub, rpc)  # the stub is made on the client's thread
+        try:
+            return await call(
+                request, metadata=self._metadata, timeout=timeout, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            if code in REJECTIONS:
+                raise ConnectionRejected(code.name, error.details() or "") from None
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                msg = f"CoordinatorClient: {what} got no answer within {timeout} s"
+                raise DeliveryTimeout(msg) from None
+            msg = f"{what} failed: {code.name}: {error.details()}"
+            raise CoordinatorUnavailable(msg) from None
+
+    async def goodbye(self) -> None:
+        """Say goodbye on the attached stream, half-close it, and wait (up to
+        ``close_timeout``) until the server has ended it."""
+        outbox = self._requests.outbox
+        assert outbox is not None
+        outbox.put_nowait(wire.goodbye_message())
+        outbox.put_nowait(None)  # then half-close: the server ends the call
+        task = self._run_task
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(task), self._settings.close_timeout)
+
+    async def close(self) -> None:
+        """End the stream and the channel (``Requests.stopping`` is set)."""
+        if self._call is not None:
+            self._call.cancel()
+        task = self._run_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+        # gRPC's own tasks of a cancelled call finish a moment later: let them, so that
+        # stopping the loop does not destroy them pending (asyncio logs that as an error).
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if others:
+            _, late = await asyncio.wait(others, timeout=self._settings.close_timeout)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _run(self) -> None:
+        s = self._settings
+        requests = self._requests
+        delays = Backoff(s.reconnect_backoff_min, s.reconnect_backoff_max, jitter=0.2).delays()
+        while not requests.stopping:
+            attaches = self._attaches
+            try:
+                await self._session()
+            except Exception:
+                # A bug, or a message this client cannot handle: without this the task
+                # would end, and the client would never reconnect.
+                logger.exception(
+                    "The stream to the coordinator at %s failed unexpectedly; reconnecting",
+                    self.address,
+                )
+            if requests.stopping:
+                return
+            if self._attaches != attaches:
+                delays.reset()
+            await asyncio.sleep(next(delays))
+
+    async def _session(self) -> None:
+        """One stream, from hello to its end."""
+        assert self._channel is not None
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), self._settings.connect_timeout)
+        except TimeoutError:
+            logger.info("Coordinator at %s unreachable; retrying", self.address)
+            return
+        call = self._stub.Connect(metadata=self._metadata)
+        requests = self._requests
+        writer: asyncio.Task[None] | None = None
+        try:
+            if not await self._accepted(call):
+                return
+            hello_id = next(requests.request_ids)
+            outbox = requests.first_messages(wire.hello_message(hello_id, *self._hello))
+            requests.outbox, self._call = outbox, call
+            writer = asyncio.get_running_loop().create_task(_write(call, outbox))
+            try:
+                while True:
+                    message = await call.read()
+                    if message is grpc.aio.EOF:
+                        break
+                    body = message.WhichOneof("body")
+                    if body == "update":
+                        requests.on_update(message.update)
+                    elif body == "listing":
+                        requests.on_listing(message.listing)
+                    elif message.reply.request_id == hello_id:
+                        self._attaches += 1
+                        self._attachment.set(True)
+                    else:
+                        requests.on_reply(message.reply)
+            except grpc.aio.AioRpcError as error:
+                self._on_stream_error(error)
+        finally:
+            requests.outbox = self._call = None
+            if writer is not None:
+                writer.cancel()
+            call.cancel()
+            if self._attachment.event.is_set():
+                self._attachment.set(False)
+
+    async def _accepted(self, call: Any) -> bool:
+        """Wait until the server accepts the new stream; False if it refused it or did
+        not answer in time."""
+        try:
+            # The server's initial metadata says the call is accepted; a refused call ends
+            # first. Writing before could replace the refusal by an INTERNAL status.
+            await asyncio.wait_for(call.initial_metadata(), self._settings.connect_timeout)
+            if call.done():
+                await call.read()  # raises with the refusal's status
+                return False
+        except grpc.aio.AioRpcError as error:
+            self._on_stream_error(error)
+            return False
+        except TimeoutError:
+            logger.info("Coordinator at %s did not accept the stream in time", self.address)
+            return False
+        # An earlier refusal no longer holds. Cleared now, not at the hello's reply, so
+        # that answers sent from the callbacks of the updates the server sends on
+        # attaching (before that reply) go out.
+        self._requests.rejected = None
+        if self._streams_accepted:
+            self._requests.drop_stale_answers()
+        self._streams_accepted += 1
+        return True
+
+    def _on_stream_error(self, error: grpc.aio.AioRpcError) -> None:
+        code = error.code()
+        if code not in REJECTIONS:
+            logger.info("Stream to the coordinator at %s ended: %s", self.address, code.name)
+            return
+        logger.error("The coordinator at %s refused us: %s", self.address, error.details())
+        self._requests.reject(ConnectionRejected(code.name, error.details() or ""))
+
+    def _new_channel(self) -> grpc.aio.Channel:
+        s = self._settings
+        options = [
+            *keepalive_options(
+                max_message_bytes=s.max_message_bytes,
+                keepalive_time=s.keepalive_time,
+                keepalive_timeout=s.keepalive_timeout,
+            ),
+            *reconnect_options(s.reconnect_backoff_min, s.reconnect_backoff_max),
+        ]
+        return open_channel(self.address, s.tls, options, self._tls_files)
+
+
+async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> None:
+    """A stream's writer: one message per write (requests are few); None half-closes."""
+    while True:
+        message = await outbox.get()
+        try:
+            if message is None:
+                await call.done_writing()
+                return
+            await call.write(message)
+        except Exception as error:  # the call ended; its reader sees why
+            logger.debug("Write to the coordinator failed: %s", error)
+            return

@@ -1,0 +1,211 @@
+"""A node's side of one other node: its outbox, its links and the writer that puts
+frames on them (see the theory of operation in node.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from pykka_delivery.protocol import transport_pb2
+from pykka_delivery.protocol.codec import PROMPT
+from pykka_delivery.retry import Backoff
+from pykka_delivery.transport.frames import FrameBuilder
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = ["Peer", "Stream"]
+
+logger = logging.getLogger("pykka_delivery.transport")
+
+_Frame = transport_pb2.Frame
+
+
+class Stream:
+    """One open link, whichever side opened it: something to write frames to."""
+
+    def __init__(
+        self,
+        write: Callable[[_Frame], Any],
+        close: Callable[[], Any],
+        finish: Callable[[], Any] | None = None,
+    ) -> None:
+        self.write = write
+        self.close = close
+        self.finish = finish  # half-close (links we opened): the peer then ends the call
+        self.ended = asyncio.Event()  # our reader saw the call end
+        self.alive = True
+
+
+# A frame of at least this many messages means traffic comes in bursts (see Peer.run).
+_BURST = 16
+
+
+class Peer:
+    """Everything about one other node: its outbox, its current link, its writer task."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        self.node = node
+        self.address = address
+        self.max_pending = node.settings.max_pending
+        self.yield_after = node.settings.yield_after
+        self.outbox: deque[tuple[str, Any]] = deque()
+        self.idle = False
+        self.woken_on_loop = False  # by a sender on the node's loop (see _write_frames)
+        self.oldest = 0.0  # when the outbox last went from empty to not empty
+        self.wake = asyncio.Event()
+        self.streams: list[Stream] = []
+        self.linked = asyncio.Event()
+        self.dialling = False
+        self.channel: grpc.aio.Channel | None = None
+
+    def enqueue(self, target: str, message: Any) -> None:
+        """Any thread: queue, wake the writer only if it is idle, and let it have the GIL
+        when what is queued should not wait (see ``NodeSettings.yield_after``)."""
+        outbox = self.outbox
+        if not outbox:
+            self.oldest = time.monotonic()
+        outbox.append((target, message))
+        if len(outbox) > self.max_pending:
+            outbox.popleft()
+            self.node._counters.dropped_pending += 1
+        if self.idle:
+            self.idle = False
+            node = self.node
+            if threading.get_ident() == node._loop_thread_id:
+                self.woken_on_loop = True
+                self.wake.set()  # told on the node's loop (an asyncio handle sharing it)
+            else:
+                self.woken_on_loop = False
+                node._loop.call_soon_threadsafe(self.wake.set)
+                if type(message) in PROMPT:
+                    time.sleep(0)  # the node's thread writes it now; the other side waits
+        elif not len(outbox) & 15:
+            # The clock is read at every 16th queued message only: reading it costs a good
+            # share of this call, and 16 messages are queued long before yield_after.
+            now = time.monotonic()
+            if (
+                now - self.oldest >= self.yield_after
+                and threading.get_ident() != self.node._loop_thread_id
+            ):
+                # A busy application thread would keep the GIL for a whole switch interval
+                # (5 ms) while the batch waits: hand it over, once per yield_after.
+                self.oldest = now
+                time.sleep(0)
+
+    async def run(self) -> None:
+        """The writer: one frame per write, holding everything that was waiting. It never
+        stops on an error of its own: a peer left without a writer would never be sent
+        anything again (what the failed frame held is resent by the protocol)."""
+        while True:
+            try:
+                await self._write_frames()
+            except Exception:
+                logger.exception("The writer to %s failed; it starts again", self.address)
+                await asyncio.sleep(self.node.settings.reconnect_backoff_min)
+
+    async def _write_frames(self) -> None:
+        node = self.node
+        settings = node.settings
+        counters = node._counters
+        codec = node._codec
+        outbox = self.outbox
+        last_frame = 0  # messages in the frame built last
+        # Until a wake-up says otherwise: the senders of a node on its caller's loop share
+        # that loop, those of a node with a loop thread of its own are other threads.
+        self.woken_on_loop = node._thread is None
+        while True:
+            if not outbox:
+                self.idle = True
+                if not outbox:
+                    self.wake.clear()
+                    await self.wake.wait()
+                self.idle = False
+                # Look again: the wake-up a sender scheduled may come after an earlier
+                # frame took its message, and find the outbox empty.
+                continue
+            if not self.streams:
+                await self._connect()
+                continue
+            if settings.linger:
+                await asyncio.sleep(settings.linger)
+            elif (
+                last_frame >= _BURST
+                and not self.woken_on_loop
+                and type(outbox[-1][1]) not in PROMPT
+                and len(outbox) < settings.max_batch
+            ):
+                # Woken for data while traffic comes in bursts: the application thread
+                # may be in the middle of one (waking us released its GIL for a moment).
+                # Give the GIL back once so the burst fills this frame instead of the
+                # next; it yields to us again after yield_after at the latest. At low
+                # rates (small frames) this hand-off would only add latency, and so it
+                # does when the sender shares our loop: it has finished its burst when we
+                # run.
+                time.sleep(0)
+            # Consecutive SequencedMessages of one producer share one envelope (a run).
+            builder = FrameBuilder(codec)
+            for target, message, error in builder.fill(outbox, settings.max_batch):
+                logger.error(
+                    "Cannot send %s to %s/%s: %s",
+                    type(message).__name__,
+                    self.address,
+                    target,
+                    error,
+                )
+                counters.dropped_unsendable += 1
+            last_frame = builder.messages
+            if builder.messages:
+                for part, messages in node._fit(builder.frame, builder.messages):
+                    await self._write(part, messages)
+
+    async def _write(self, frame: _Frame, messages: int) -> None:
+        """Write ``frame``, which carries ``messages`` messages (the envelope counters
+        count messages, each message of a run included)."""
+        stream = self.streams[-1]
+        counters = self.node._counters
+        try:
+            await stream.write(frame)
+        except Exception as error:  # the link broke under us; the protocol will resend
+            counters.lost_in_flight += messages
+            logger.info("Link to %s broke while writing: %s", self.address, error)
+            self.detach(stream)
+            return
+        counters.frames_sent += 1
+        counters.envelopes_sent += messages
+
+    async def _connect(self) -> None:
+        """Dial until a link exists (ours, or one the peer opened meanwhile)."""
+        settings = self.node.settings
+        delays = Backoff(
+            settings.reconnect_backoff_min, settings.reconnect_backoff_max, jitter=0.2
+        ).delays()
+        while not self.streams:
+            if await self.node._dial(self):
+                return
+            await asyncio.sleep(next(delays))
+
+    def attach(self, stream: Stream) -> None:
+        first = not self.streams
+        self.streams.append(stream)
+        self.node._counters.links_opened += 1
+        if first:
+            self.node._notify(self.address, True)
+
+    def detach(self, stream: Stream) -> None:
+        if stream in self.streams:
+            self.streams.remove(stream)
+            stream.alive = False
+            self.node._counters.links_lost += 1
+            with contextlib.suppress(Exception):
+                stream.close()
+            if not self.streams:
+                self.node._notify(self.address, False)

@@ -1,0 +1,50 @@
+"""`RemoteRef`: a ref to something exposed on a node, told from any thread."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport._peer import Peer
+    from pykka_delivery.transport.node import Node
+
+__all__ = ["RemoteRef"]
+
+
+class RemoteRef:
+    """A ref to something exposed on a node: ``host:port/name``. ``tell`` from any thread.
+
+    On its own node it tells the local target directly; elsewhere it queues the message
+    for the peer's link. Equal refs have equal paths.
+    """
+
+    __slots__ = ("_node", "_peer", "name", "node_address", "path")
+
+    def __init__(self, node: Node, path: str) -> None:
+        node_address, sep, name = path.partition("/")
+        if not sep or not node_address or not name:
+            msg = f"not a remote address: {path!r} (expected 'host:port/name')"
+            raise ValueError(msg)
+        self._node = node
+        self.path = path
+        self.node_address = node_address
+        self.name = name
+        self._peer: Peer | None = None
+
+    def __repr__(self) -> str:
+        return f"RemoteRef({self.path})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteRef) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def tell(self, message: Any) -> None:
+        peer = self._peer
+        if peer is None:
+            if self.node_address == self._node.address:
+                self._node._deliver_local(self.name, message)
+                return
+            peer = self._peer = self._node._peer(self.node_address)
+        peer.enqueue(self.name, message)
