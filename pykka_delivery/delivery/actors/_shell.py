@@ -1,9 +1,18 @@
-"""The base of the pykka controllers: one core, its timers, its effects carried out.
+"""The bases of the pykka controllers: the mailbox is the waiting, a session the rest.
 
-The shell is thin (STYLE.md rule 9): `on_receive` feeds the core and runs the effects. It
-never blocks on another actor. A message that breaks the protocol is logged and counted,
-never raised: an exception from a ``tell`` would stop the pykka actor and lose every
-unconfirmed message with it.
+The shells are thin (STYLE.md rule 9): `on_receive` hands the message to the core through
+the session, which carries out the effects. They never block on another actor. A message
+that breaks the protocol is logged and counted, never raised: an exception from a ``tell``
+would stop the pykka actor and lose every unconfirmed message with it.
+
+* `ShellActor`: what every controller has: the ref the other side reaches it by, its
+  timers (firings arrive in the mailbox), a count of the messages refused.
+* `ControllerActor`: the consumer controller's base: the mailbox's messages fed to the core
+  (`_core_receive`, `_core_timer`), its effects carried out by the subclass's session
+  (`_run`), a `tell` that survives a dead target (`_send`).
+* `ProducerShell`: the producer controllers' base: a producer session (session/producer.py)
+  takes every message; when a store of its durable queue fails every attempt, the session
+  closes and the actor stops (Akka's controller crashes there; so do we, cleanly).
 """
 
 from __future__ import annotations
@@ -16,30 +25,45 @@ from typing import Any
 
 import pykka
 
-from pykka_delivery.delivery.core.effects import (
-    CancelTimer,
-    Effect,
-    Send,
-    StartTimer,
-    Stop,
-)
+from pykka_delivery.delivery.core.effects import Effect
+from pykka_delivery.delivery.messages import SendNext
+from pykka_delivery.delivery.session.producer import BaseProducerSession
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import Ref
 
-__all__ = ["ControllerActor"]
+__all__ = ["ControllerActor", "ProducerShell", "SendNextAdapter", "ShellActor", "quiet_tell"]
 
 
-def _quiet_tell(ref: Ref) -> Callable[[TimerFired], None]:
-    def tell(message: TimerFired) -> None:
-        with contextlib.suppress(pykka.ActorDeadError):  # the owner stopped: so do its timers
+def quiet_tell(ref: Ref) -> Callable[[Any], None]:
+    """``ref.tell``, for what reaches an actor from outside its own messages (a timer
+    firing, a registry listing): once the actor stopped, dropped."""
+
+    def tell(message: Any) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
             ref.tell(message)
 
     return tell
 
 
-class ControllerActor(pykka.ThreadingActor, abc.ABC):
-    """Base of `ProducerController` and `ConsumerController`: one core, its timers."""
+class SendNextAdapter:
+    """``RequestNext.send_next_to``: wraps the producer's message so it cannot be mistaken
+    for a control message (Akka's message adapter)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: Ref) -> None:
+        self._ref = ref
+
+    def __repr__(self) -> str:
+        return f"SendNextTo({self._ref!r})"
+
+    def tell(self, message: Any) -> None:
+        self._ref.tell(SendNext(message))
+
+
+class ShellActor(pykka.ThreadingActor):
+    """What every controller actor has: ``self_ref``, its timers, ``rejected``."""
 
     use_daemon_thread = True
     _logger = logging.getLogger("pykka_delivery")
@@ -56,8 +80,15 @@ class ControllerActor(pykka.ThreadingActor, abc.ABC):
         self.self_ref: Ref = (
             self_ref_factory(self.actor_ref) if self_ref_factory is not None else self.actor_ref
         )
-        self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
+        self._timers = Timers(quiet_tell(self.actor_ref), timer_service)
         self.rejected = 0
+
+    def on_stop(self) -> None:
+        self._timers.cancel_all()
+
+
+class ControllerActor(ShellActor, abc.ABC):
+    """Base of `ConsumerController`: one core fed from the mailbox."""
 
     @abc.abstractmethod
     def _core_receive(self, message: Any) -> list[Effect]:
@@ -66,6 +97,10 @@ class ControllerActor(pykka.ThreadingActor, abc.ABC):
     @abc.abstractmethod
     def _core_timer(self, key: str) -> list[Effect]:
         """Tell the controller's core that timer ``key`` fired."""
+
+    @abc.abstractmethod
+    def _run(self, effects: Iterable[Effect]) -> None:
+        """Carry out the core's effects (the controller's session does)."""
 
     def on_receive(self, message: Any) -> None:
         if type(message) is TimerFired:
@@ -80,29 +115,6 @@ class ControllerActor(pykka.ThreadingActor, abc.ABC):
             return
         self._run(effects)
 
-    def on_stop(self) -> None:
-        self._timers.cancel_all()
-
-    def _run(self, effects: Iterable[Effect]) -> None:
-        for effect in effects:
-            if type(effect) is Send:
-                self._send(effect.to, effect.message)
-            elif type(effect) is StartTimer:
-                self._timers.start(effect.key, effect.interval)
-            elif type(effect) is CancelTimer:
-                self._timers.cancel(effect.key)
-            elif type(effect) is Stop:
-                self._timers.cancel_all()
-                self.stop()
-            elif not self._run_other(effect):
-                return
-
-    def _run_other(self, effect: Effect) -> bool:
-        """Carry out an effect only some controllers emit (a store, say); False: the
-        controller is stopping and the effects after this one must not be carried out."""
-        self._logger.error("%s cannot carry out %r: dropped", type(self).__name__, effect)
-        return True
-
     def _send(self, to: Ref, message: Any) -> None:
         try:
             to.tell(message)
@@ -111,3 +123,20 @@ class ControllerActor(pykka.ThreadingActor, abc.ABC):
 
     def _on_dead_target(self, to: Ref, message: Any) -> None:
         self._logger.debug("Dropped %s: %r is dead", type(message).__name__, to)
+
+
+class ProducerShell(ShellActor):
+    """Base of `ProducerController` and `WorkPullingProducerController`: the subclass sets
+    ``_session`` (built with this actor's ``_timers``, ``on_failure=self.stop`` and
+    ``drop_dead_targets=True``)."""
+
+    _session: BaseProducerSession[Any]
+
+    def on_receive(self, message: Any) -> None:
+        if not self._session.receive(message):
+            self.rejected += 1
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        self._session.close()
+        self._session.release()

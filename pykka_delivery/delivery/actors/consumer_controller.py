@@ -1,4 +1,4 @@
-"""`ConsumerController`: the pykka actor around `ConsumerCore`.
+"""`ConsumerController`: the pykka actor around a `ConsumerSession`.
 
 Usage, in Akka's shape::
 
@@ -9,6 +9,11 @@ Usage, in Akka's shape::
 The consumer handles each `Delivery` and then calls ``delivery.confirm()``; the next one
 arrives only after that.
 
+The actor's mailbox does the waiting: each message is fed to the session's core, and the
+session (session/consumer.py) carries out the effects, as for the consumer handles, except
+that deliveries go out to the consumer actor instead of waiting to be received. What the
+session sent is told once the message is handled.
+
 pykka has no death watch. The controller notices that its consumer stopped when a
 `Delivery` cannot be told to it, or on the next retry-timer tick (``is_alive()`` of a pykka
 ref), and then stops too, as Akka's does.
@@ -17,20 +22,15 @@ ref), and then stops too, as Akka's does.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
 from pykka_delivery.delivery.actors._shell import ControllerActor
-from pykka_delivery.delivery.core.consumer import (
-    RETRY,
-    ConsumerCore,
-    ConsumerSnapshot,
-    ConsumerStats,
-)
-from pykka_delivery.delivery.core.effects import Effect, RecordConfirmed, WriteDeadLetter
+from pykka_delivery.delivery.core.consumer import RETRY, ConsumerSnapshot, ConsumerStats
+from pykka_delivery.delivery.core.effects import Effect
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.messages import (
     Confirmed,
@@ -41,15 +41,10 @@ from pykka_delivery.delivery.messages import (
     Rejected,
 )
 from pykka_delivery.delivery.registry import ServiceRegistry, default_registry
-from pykka_delivery.delivery.stores.dead_letters import (
-    DeadLetterDestination,
-    DeadLetterError,
-    dead_letter_destination,
-    write_dead_letter,
-)
-from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError, DedupWriter
+from pykka_delivery.delivery.session.consumer import ConsumerSession
+from pykka_delivery.delivery.stores.dead_letters import DeadLetterDestination, DeadLetterError
+from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.delivery.timers import TimerService
-from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
@@ -109,51 +104,48 @@ class ConsumerController(ControllerActor):
         dedup_store: DedupStore | None = None,
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
     ) -> None:
-        # Loaded here, in the caller's thread: a store that cannot be read fails start().
-        settings = settings or ConsumerControllerSettings()
-        self._dedup = None if dedup_store is None else DedupWriter(dedup_store, settings)
-        positions = None if self._dedup is None else self._dedup.load()
         if service_key is not None and (not isinstance(service_key, str) or not service_key):
             msg = f"service_key must be a non-empty str or None, got {service_key!r}"
             raise ValueError(msg)
         super().__init__(self_ref_factory=self_ref_factory, timer_service=timer_service)
-        self._dead_letters, self._owns_dead_letters = dead_letter_destination(dead_letters)
         self.service_key = service_key
         self._registry = registry if registry is not None else default_registry()
+        # Created here, in the caller's thread: a store that cannot be read fails start().
         # Deliveries carry our own pykka ref: the consumer is local by definition.
-        self.core = ConsumerCore(
+        self._session = ConsumerSession(
             self.self_ref,
             settings,
-            serialization,
+            name="ConsumerController.start",
+            timers=self._timers,
+            serialization=serialization,
             confirm_to=self.actor_ref,
-            dedup_positions=positions,
+            dedup_store=dedup_store,
+            dead_letters=dead_letters,
+            hand_out=False,
+            on_end=self._stop_once,
         )
+        self.core = self._session.core
 
     def on_start(self) -> None:
-        self._run(self.core.on_spawned())
+        self._session.start()
         if self.service_key is not None:
             self._registry.register(self.service_key, self.self_ref)
 
     def on_stop(self) -> None:
-        self._run(self.core.on_stopped())
+        try:
+            self._session.close()
+        except DedupStoreError as error:
+            self._logger.error("ConsumerController stopping: %s", error)
+        self._tell_outbox()
         if self.service_key is not None:
             # After the last Ack above: the work-pulling controller takes it in before it
             # hands our unconfirmed messages to the other workers (fewer duplicates).
             self._registry.deregister(self.service_key, self.self_ref)
-        if self._dedup is not None and self._dedup.broken is None:
-            self._dedup_call(self._dedup.flush)
-        if self._owns_dead_letters:
-            self._dead_letters.close()  # type: ignore[union-attr] # owned: SQLite
         super().on_stop()
 
     def _core_receive(self, message: Any) -> list[Effect]:
-        if type(message) is Rejected and self._dead_letters is None:
-            msg = (
-                "ConsumerController: a Rejected needs a dead-letter destination for the "
-                "messages rejected max_attempts times: start it with dead_letters=path or "
-                "destination; the delivery still awaits confirmation"
-            )
-            raise LocalProtocolError(msg)
+        if type(message) is Rejected:
+            self._session.check_can_reject()  # else refused: the delivery still awaits
         return self.core.receive(message)
 
     def on_receive(self, message: Any) -> None:
@@ -171,43 +163,23 @@ class ConsumerController(ControllerActor):
             return []
         return self.core.on_timer(key)
 
-    # The deduplication store: record each confirmation, flush before the producer side
-    # hears of it (a Request or Ack), give up by stopping.
-
-    def _run_other(self, effect: Effect) -> bool:
-        if type(effect) is WriteDeadLetter:
-            try:
-                write_dead_letter(self._dead_letters, effect)
-            except DeadLetterError as error:
-                self._logger.error("ConsumerController stopping: %s", error)
-                self.stop()
-                return False
-            return True
-        dedup = self._dedup
-        if type(effect) is RecordConfirmed and dedup is not None:
-            if dedup.broken is not None:
-                return False  # stopping already
-            return self._dedup_call(dedup.record, effect.producer_id, effect.seq_nr)
-        return super()._run_other(effect)
-
-    def _send(self, to: Ref, message: Any) -> None:
-        dedup = self._dedup
-        if dedup is not None:
-            if dedup.broken is not None:
-                return  # stopping: nothing more goes out
-            if not self._dedup_call(dedup.before_send, message):
-                return
-        super()._send(to, message)
-
-    def _dedup_call(self, call: Callable[..., None], *args: Any) -> bool:
+    def _run(self, effects: Iterable[Effect]) -> None:
+        """The session carries the effects out (a failing store closes it: it logs here,
+        and the actor stops); then what it sent is told."""
         try:
-            call(*args)
-        except DedupStoreError as error:
+            self._session.run(effects)
+        except (DedupStoreError, DeadLetterError) as error:
             self._logger.error("ConsumerController stopping: %s", error)
-            if not self.actor_stopped.is_set():  # in on_stop it is stopping already
-                self.stop()
-            return False
-        return True
+            return
+        self._tell_outbox()
+
+    def _tell_outbox(self) -> None:
+        for to, message in self._session.take_outbox():
+            self._send(to, message)
+
+    def _stop_once(self) -> None:
+        if not self.actor_stopped.is_set():  # in on_stop it is stopping already
+            self.stop()
 
     def _consumer_is_gone(self) -> bool:
         consumer = self.core.consumer

@@ -13,7 +13,8 @@ On each `RequestNext` the producer sends one message with
 With a durable queue (``ProducerController.start("orders", durable_queue=queue)``) every
 message is stored before it is sent, and a controller started again with the same
 producer id on the same queue resends what was not confirmed and continues the numbering
-(see producer_core.py and _shell.py, `DurableQueueCalls`).
+(see core/producer.py). The actor's mailbox is the waiting; a `ProducerSession`
+(session/producer.py) carries out what the core decides, as for the `Producer` handle.
 """
 
 from __future__ import annotations
@@ -23,18 +24,17 @@ from typing import Any
 
 import pykka
 
-from pykka_delivery.delivery.actors._shell import ControllerActor
-from pykka_delivery.delivery.core.effects import Effect
+from pykka_delivery.delivery.actors._shell import ProducerShell, SendNextAdapter
 from pykka_delivery.delivery.core.producer import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
     RequestNext,
-    SendNext,
 )
-from pykka_delivery.delivery.stores.calls import STORE_EFFECTS, DurableQueueCalls, wall_clock_millis
-from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.delivery.session.producer import ProducerSession, load_durable
+from pykka_delivery.delivery.stores.calls import wall_clock_millis
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.protocol.messages import Ref, RegisterConsumer
 from pykka_delivery.protocol.serialization import Serialization
@@ -42,23 +42,7 @@ from pykka_delivery.protocol.serialization import Serialization
 __all__ = ["ProducerController"]
 
 
-class _SendNextAdapter:
-    """``RequestNext.send_next_to``: wraps the producer's message so it cannot be mistaken
-    for a control message (Akka's message adapter)."""
-
-    __slots__ = ("_ref",)
-
-    def __init__(self, ref: Ref) -> None:
-        self._ref = ref
-
-    def __repr__(self) -> str:
-        return f"SendNextTo({self._ref!r})"
-
-    def tell(self, message: Any) -> None:
-        self._ref.tell(SendNext(message))
-
-
-class ProducerController(ControllerActor):
+class ProducerController(ProducerShell):
     """Numbers a producer's messages and delivers them to one consumer controller, within
     the consumer's flow-control window, resending what is lost.
 
@@ -97,52 +81,26 @@ class ProducerController(ControllerActor):
     ) -> None:
         super().__init__(self_ref_factory=self_ref_factory, timer_service=timer_service)
         settings = settings or ProducerControllerSettings()
-        self._durable: DurableQueueCalls | None = None
-        self._failed = False
-        state = None
-        if durable_queue is not None:
-            self._durable = DurableQueueCalls(
-                durable_queue, settings, f"ProducerController {producer_id!r}"
-            )
-            state = self._durable.load()
+        durable, state = load_durable(
+            durable_queue, settings, f"ProducerController {producer_id!r}"
+        )
         self.core = ProducerCore(
             producer_id,
             self.self_ref,
-            _SendNextAdapter(self.actor_ref),
+            SendNextAdapter(self.actor_ref),
             settings,
             serialization,
             durable_state=state,
             clock_millis=clock_millis,
         )
-
-    def on_receive(self, message: Any) -> None:
-        if self._failed:
-            return  # stopping: what the core would do now rests on a state the queue lacks
-        super().on_receive(message)
-
-    def on_stop(self) -> None:
-        super().on_stop()
-        if self._durable is not None and not self._failed:
-            self._durable.flush_on_stop()
-
-    def _run_other(self, effect: Effect) -> bool:
-        if self._durable is None or not isinstance(effect, STORE_EFFECTS):
-            return super()._run_other(effect)
-        try:
-            self._durable.store(effect)
-        except DurableQueueError:
-            # Logged with the fix. Akka's controller crashes here; so do we, cleanly.
-            self._failed = True
-            self._timers.cancel_all()
-            self.stop()
-            return False
-        return True
-
-    def _core_receive(self, message: Any) -> list[Effect]:
-        return self.core.receive(message)
-
-    def _core_timer(self, key: str) -> list[Effect]:
-        return self.core.on_timer(key)
+        self._session = ProducerSession(
+            self.core,
+            self._timers,
+            durable,
+            name="ProducerController",
+            on_failure=self.stop,
+            drop_dead_targets=True,
+        )
 
     # Queries, for `proxy()` or `ask`: answered in the actor's thread.
 

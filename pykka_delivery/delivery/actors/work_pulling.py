@@ -21,18 +21,13 @@ cancels the subscription when it stops.
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Callable
 from typing import Any
 
-import pykka
-
-from pykka_delivery.delivery.actors._shell import ControllerActor
-from pykka_delivery.delivery.core.effects import Effect
+from pykka_delivery.delivery.actors._shell import ProducerShell, SendNextAdapter, quiet_tell
 from pykka_delivery.delivery.core.settings import WorkPullingSettings
 from pykka_delivery.delivery.core.work_pulling import (
-    CurrentWorkers,
     GetWorkerStats,
     WorkerMessage,
     WorkerStats,
@@ -44,39 +39,18 @@ from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
     RequestNext,
-    SendNext,
 )
-from pykka_delivery.delivery.registry import (
-    ServiceRegistry,
-    Subscription,
-    default_registry,
-)
-from pykka_delivery.delivery.stores.calls import STORE_EFFECTS, DurableQueueCalls, wall_clock_millis
-from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
+from pykka_delivery.delivery.registry import ServiceRegistry, default_registry
+from pykka_delivery.delivery.session.producer import load_durable
+from pykka_delivery.delivery.session.work_pulling import WorkPullingSession
+from pykka_delivery.delivery.stores.calls import wall_clock_millis
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.protocol.messages import Ref
 
 __all__ = ["WorkPullingProducerController"]
 
 _WorkerStats = WorkerStats  # the class attribute of the same name hides it in annotations
-
-_CHECK_WORKERS = "check_workers"
-"""Key of the timer that asks the registry for the listing (worker timers hold a "/")."""
-
-
-class _SendNextAdapter:
-    """``RequestNext.send_next_to``: wraps the producer's message in `SendNext`."""
-
-    __slots__ = ("_ref",)
-
-    def __init__(self, ref: Ref) -> None:
-        self._ref = ref
-
-    def __repr__(self) -> str:
-        return f"SendNextTo({self._ref!r})"
-
-    def tell(self, message: Any) -> None:
-        self._ref.tell(SendNext(message))
 
 
 class _WorkerRef:
@@ -98,7 +72,7 @@ class _WorkerRef:
         self._ref.tell(WorkerMessage(self.worker_id, message))
 
 
-class WorkPullingProducerController(ControllerActor):
+class WorkPullingProducerController(ProducerShell):
     """Sends a producer's messages to the workers registered under a service key, each
     message to one worker with demand, and the unconfirmed messages of a worker that leaves
     to the others.
@@ -139,6 +113,8 @@ class WorkPullingProducerController(ControllerActor):
     GetWorkerStats = GetWorkerStats
     WorkerStats = WorkerStats
 
+    _session: WorkPullingSession
+
     def __init__(
         self,
         producer_id: str,
@@ -158,18 +134,11 @@ class WorkPullingProducerController(ControllerActor):
         super().__init__(timer_service=timer_service)
         self.settings = settings or WorkPullingSettings()
         self.worker_service_key = worker_service_key
-        self._registry = registry if registry is not None else default_registry()
-        self._subscription: Subscription | None = None
-        self._durable: DurableQueueCalls | None = None
-        self._failed = False
-        state = None
-        if durable_queue is not None:
-            self._durable = DurableQueueCalls(
-                durable_queue,
-                self.settings.producer_controller_settings,
-                f"WorkPullingProducerController {producer_id!r}",
-            )
-            state = self._durable.load()
+        durable, state = load_durable(
+            durable_queue,
+            self.settings.producer_controller_settings,
+            f"WorkPullingProducerController {producer_id!r}",
+        )
         actor_ref = self.actor_ref
 
         def worker_ref(worker_id: str) -> Ref:
@@ -178,7 +147,7 @@ class WorkPullingProducerController(ControllerActor):
 
         self.core = WorkPullingCore(
             producer_id,
-            _SendNextAdapter(actor_ref),
+            SendNextAdapter(actor_ref),
             actor_ref,
             worker_ref,
             self.settings,
@@ -186,51 +155,19 @@ class WorkPullingProducerController(ControllerActor):
             durable_state=state,
             clock_millis=clock_millis,
         )
+        self._session = WorkPullingSession(
+            self.core,
+            self._timers,
+            durable,
+            name="WorkPullingProducerController",
+            on_failure=self.stop,
+            registry=registry if registry is not None else default_registry(),
+            worker_service_key=worker_service_key,
+            check_interval=self.settings.dead_worker_check_interval,
+        )
 
     def on_start(self) -> None:
-        actor_ref = self.actor_ref
-
-        def on_listing(workers: frozenset[Ref]) -> None:
-            with contextlib.suppress(pykka.ActorDeadError):  # stopped: no more listings
-                actor_ref.tell(CurrentWorkers(workers))
-
-        self._subscription = self._registry.subscribe(self.worker_service_key, on_listing)
-        self._timers.start(_CHECK_WORKERS, self.settings.dead_worker_check_interval)
-
-    def on_stop(self) -> None:
-        if self._subscription is not None:
-            self._subscription.cancel()
-        super().on_stop()
-        if self._durable is not None and not self._failed:
-            self._durable.flush_on_stop()
-
-    def on_receive(self, message: Any) -> None:
-        if self._failed:
-            return  # stopping: what the core would do now rests on a state the queue lacks
-        super().on_receive(message)
-
-    def _core_receive(self, message: Any) -> list[Effect]:
-        return self.core.receive(message)
-
-    def _core_timer(self, key: str) -> list[Effect]:
-        if key == _CHECK_WORKERS:
-            # A local registry drops the workers it finds dead and tells us the listing.
-            self._registry.listing(self.worker_service_key)
-            return []
-        return self.core.on_timer(key)
-
-    def _run_other(self, effect: Effect) -> bool:
-        if self._durable is None or not isinstance(effect, STORE_EFFECTS):
-            return super()._run_other(effect)
-        try:
-            self._durable.store(effect)
-        except DurableQueueError:
-            # Logged with the fix. Akka's controller crashes here; so do we, cleanly.
-            self._failed = True
-            self._timers.cancel_all()
-            self.stop()
-            return False
-        return True
+        self._session.subscribe(quiet_tell(self.actor_ref))  # stopped: no more listings
 
     # Queries, for `proxy()` or `ask`: answered in the actor's thread.
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pykka_delivery.protocol.messages import ChunkedMessage
+from pykka_delivery.protocol.messages import ChunkedMessage, Ref, SequencedMessage
 from pykka_delivery.protocol.serialization import Serialization
 
-__all__ = ["assemble_chunks", "make_chunks"]
+__all__ = ["assemble_chunks", "make_chunks", "sequenced_chunks"]
 
 
 def make_chunks(
@@ -36,6 +36,34 @@ def make_chunks(
             manifest,
         )
         for start in starts
+    ]
+
+
+def sequenced_chunks(
+    message: object,
+    chunk_size: int,
+    serialization: Serialization,
+    *,
+    producer_id: str,
+    start: int,
+    first_seq_nr: int,
+    ack: bool,
+    self_ref: Ref,
+) -> list[SequencedMessage]:
+    """``message`` cut into chunks (`make_chunks`), each numbered from ``start`` as a
+    `SequencedMessage` of ``producer_id``: the one numbered ``first_seq_nr`` marked first,
+    and ``ack`` (a confirmation is asked for) on the last chunk only."""
+    pieces = make_chunks(message, chunk_size, serialization)
+    return [
+        SequencedMessage(
+            producer_id,
+            start + i,
+            piece,
+            start + i == first_seq_nr,
+            ack and piece.last_chunk,
+            self_ref,
+        )
+        for i, piece in enumerate(pieces)
     ]
 
 

@@ -16,9 +16,9 @@ Theory of operation (a port of Pekko's ``ConsumerControllerImpl``; names kept):
 * A gap sends ``Resend(expected)``, drops the stash and ignores everything until the
   expected seq_nr arrives (phase RESENDING). Duplicates are dropped; a duplicate first
   message means our `Request` was lost, so it is repeated.
-* A retry timer repeats the last `Request` (``via_timeout``, making the producer resend all
-  unconfirmed), the `Resend`, or the `RegisterConsumer` when nothing arrives: first after
-  ``resend_interval_min``, then ×1.5 per silent retry up to ``resend_interval_max``.
+* A retry timer (consumer_retry.py) repeats the last `Request` (``via_timeout``, making
+  the producer resend all unconfirmed), the `Resend`, or the `RegisterConsumer` when
+  nothing arrives.
 
 Decision where we differ from the original (docs/decisions.md, P1): the half-window rule
 fires when *at most* half the window is left and moves by ``max(1, window // 2)``, and the
@@ -35,44 +35,36 @@ whole window every ``resend_interval_min``. We retry only after a tick interval 
 P10: a fresh core that meets a session midway sends ``Resend(0)`` and, unlike Akka, takes
 that producer controller at once, so its retry repeats ``Resend(0)`` to it.
 
-Beyond Akka, deduplication across restarts (optional: ``dedup_positions``, loaded by the
-shell from a `DedupStore`). Akka redelivers after a crash whatever the producer side had
-not seen confirmed, with its original seq_nrs, from a new producer controller; some of it
-the consumer may have processed already. With positions (producer id -> highest seq_nr
-confirmed here), each session starts with a *floor*, that producer id's position when the
-session began; a message at or below it is a duplicate: it is not delivered, but confirmed
-at once as if it had been (the window and the producer's confirmations move on). Every
-confirmation moves the position and emits `RecordConfirmed`, which the shell writes to the
-store and flushes before the next `Request` or `Ack` leaves, so the producer side never
-drops a message this consumer could forget. As in the broker of seed 002: the next seq_nr
-is delivered, a seq_nr confirmed before is a duplicate, a session starting above position
-+ 1 is a gap (reported with a warning, counted, and delivered). A session starting at
-seq_nr 1 below a known position is a *sequence restart* (a producer without a durable
-queue restarted, or a durable one resends what it had not seen confirmed): warned about,
-and handled as ``settings.on_sequence_restart`` says.
+Beyond Akka: deduplication across restarts (consumer_dedup.py: a message confirmed here
+before a restart is confirmed again at once instead of being delivered), and rejections
+(consumer_redelivery.py: delivered again after a backoff, then to the dead letters).
 
-Only this module assigns the core's fields (see producer_core.py for why they are mutable).
+The steady state, where a message needs nothing but its delivery, is one predicate,
+`next_delivery`: the consumer session tries it first for every message, and for the next
+message of a `SequencedRun`, with no effect list built. `on_confirmed` has the matching
+shortcut for the confirmation.
+
+Only this module assigns the core's fields (see producer.py for why they are mutable); its
+parts (retry timer, deduplication positions, redelivery, chunks) are assigned by theirs.
 """
 
 from __future__ import annotations
 
-import enum
-import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from pykka_delivery.delivery.core.chunking import assemble_chunks
-from pykka_delivery.delivery.core.effects import (
-    CancelTimer,
-    Effect,
-    RecordConfirmed,
-    Send,
-    StartTimer,
-    Stop,
-    WriteDeadLetter,
+from pykka_delivery.delivery.core import consumer_trace as trace
+from pykka_delivery.delivery.core.consumer_chunks import ChunkCollector
+from pykka_delivery.delivery.core.consumer_dedup import DedupPositions
+from pykka_delivery.delivery.core.consumer_records import (
+    ConsumerPhase,
+    ConsumerSnapshot,
+    ConsumerStats,
 )
+from pykka_delivery.delivery.core.consumer_redelivery import REDELIVER, Redelivery
+from pykka_delivery.delivery.core.consumer_retry import RETRY, RetryTimer
+from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer, Stop
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.messages import (
     Confirmed,
@@ -106,85 +98,13 @@ __all__ = [
     "ConsumerStats",
 ]
 
-logger = logging.getLogger("pykka_delivery.consumer")
-
-RETRY = "retry"
-"""Key of the timer that repeats Request / Resend / RegisterConsumer on silence."""
-
-REDELIVER = "redeliver"
-"""Key of the timer that delivers a rejected message again after its backoff."""
-
-
-class ConsumerPhase(enum.Enum):
-    WAITING_FOR_START = "waiting_for_start"  # no consumer yet: stash
-    ACTIVE = "active"  # waiting for the next SequencedMessage
-    RESENDING = "resending"  # gap seen: ignore all but the expected seq_nr
-    WAITING_FOR_CONFIRMATION = "waiting_for_confirmation"  # a Delivery is out: stash
-    STOPPED = "stopped"
-
-
-# The phases as module globals: an enum member lookup costs ~65 ns in Python 3.11,
-# a global ~8 ns, and the hot paths compare phases on every message.
+# The phases as module globals: the hot paths compare phases on every message, and a
+# global is cheaper to look up than an enum member.
 _WAITING_FOR_START = ConsumerPhase.WAITING_FOR_START
 _ACTIVE = ConsumerPhase.ACTIVE
 _RESENDING = ConsumerPhase.RESENDING
 _WAITING_FOR_CONFIRMATION = ConsumerPhase.WAITING_FOR_CONFIRMATION
 _STOPPED = ConsumerPhase.STOPPED
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerSnapshot:
-    """A frozen view of a consumer core's state (seq_nrs only, no payloads)."""
-
-    phase: ConsumerPhase
-    producer_id: str
-    received_seq_nr: int
-    confirmed_seq_nr: int
-    requested_seq_nr: int
-    stashed: tuple[int, ...]
-    collected_chunks: tuple[int, ...]
-    registering: bool
-    stopping: bool
-    retry_interval: float
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerStats:
-    """Counters of a consumer controller, as a frozen snapshot.
-
-    Attributes:
-        delivered: deliveries handed to the consumer.
-        confirmed: deliveries the consumer confirmed.
-        duplicates: messages dropped as already received.
-        gaps: gaps detected (a `Resend` sent).
-        dropped: messages dropped for other reasons (stash full, wrong producer,
-            registering elsewhere, waiting for a resend).
-        retries: retry-timer firings that re-sent a Request, Resend or RegisterConsumer.
-        dedup_duplicates: messages not delivered because the deduplication position
-            shows them confirmed before (redelivered after a restart); each was
-            confirmed to the producer side at once. Not included in ``duplicates``.
-        dedup_gaps: sessions that started more than one seq_nr above the producer id's
-            deduplication position: messages this consumer never confirmed are missing
-            (each is logged as a warning naming them).
-        sequence_restarts: sessions of a known producer id that started at seq_nr 1
-            below its deduplication position (see ``on_sequence_restart``).
-        rejected: deliveries the consumer rejected (each redelivered or dead-lettered).
-        dead_lettered: messages written to the dead-letter destination after
-            ``max_attempts`` rejected deliveries (counted in ``confirmed`` too: the
-            stream moved on past them).
-    """
-
-    delivered: int
-    confirmed: int
-    duplicates: int
-    gaps: int
-    dropped: int
-    retries: int
-    dedup_duplicates: int
-    dedup_gaps: int
-    sequence_restarts: int
-    rejected: int
-    dead_lettered: int
 
 
 class ConsumerCore:
@@ -199,7 +119,7 @@ class ConsumerCore:
             consumer is local, so this is usually the controller's own local ref.
             Default: ``self_ref``.
         new_confirm_to: instead of ``confirm_to``, make a new one per delivery (the
-            `Consumer` handle tells a delivery's confirmation from another's this way).
+            consumer handles tell a delivery's confirmation from another's this way).
         dedup_positions: turns deduplication on: the highest confirmed seq_nr per
             producer id, as loaded from a `DedupStore` (empty for a new store). None
             (the default): no deduplication across sessions, as in Akka.
@@ -208,11 +128,10 @@ class ConsumerCore:
     """
 
     __slots__ = (
-        "_attempt",
+        "_chunks",
         "_confirmed_count",
         "_dead_lettered",
-        "_dedup_duplicates",
-        "_dedup_gaps",
+        "_dedup",
         "_delivered",
         "_dropped",
         "_duplicates",
@@ -222,18 +141,12 @@ class ConsumerCore:
         "_half",
         "_handlers",
         "_heard",
-        "_links_down",
-        "_min_interval",
-        "_redelivering",
+        "_redelivery",
         "_rejected",
-        "_retries",
-        "_retry_interval",
-        "_sequence_restarts",
-        "collected_chunks",
+        "_retry",
         "confirmed_seq_nr",
         "consumer",
         "current",
-        "dedup",
         "new_confirm_to",
         "phase",
         "producer_controller",
@@ -243,7 +156,6 @@ class ConsumerCore:
         "requested_seq_nr",
         "resend_lost",
         "self_ref",
-        "serialization",
         "settings",
         "stash",
         "stopping",
@@ -269,43 +181,35 @@ class ConsumerCore:
 
         self.new_confirm_to = new_confirm_to
         self.settings = settings = settings or ConsumerControllerSettings()
-        self.serialization = serialization or default_serialization
         self.window = settings.flow_control_window
         self._half = max(1, self.window // 2)
-        self._min_interval = settings.resend_interval_min
         self.resend_lost = not settings.only_flow_control
         self.phase = _WAITING_FOR_START
         self.consumer: Ref | None = None
         self.producer_controller: Ref | None = None
         self.producer_id = "n/a"
-        self.received_seq_nr = 0
-        self.confirmed_seq_nr = 0
-        self.requested_seq_nr = 0
+        self.received_seq_nr = self.confirmed_seq_nr = self.requested_seq_nr = 0
         self.stash: deque[SequencedMessage] = deque()
-        self.collected_chunks: list[SequencedMessage] = []
         self.registering: Ref | None = None
         self.stopping = False
         # The delivery awaiting confirmation (a run stands for its message taken last).
         self.current: SequencedMessage | SequencedRun | None = None
-        self._retry_interval = settings.resend_interval_min
-        self._heard = False  # a SequencedMessage arrived since the last retry tick
-        self._links_down: set[str] = set()  # nodes whose link went down and is not back
+        self._retry = RetryTimer(settings)
+        self._heard = False  # a SequencedMessage arrived since the last retry tick (P6)
+        self._chunks = ChunkCollector(serialization or default_serialization)
+        self._redelivery: Redelivery | None = None  # the current delivery was rejected
         self._delivered = self._confirmed_count = self._duplicates = self._gaps = 0
-        self._dropped = self._retries = 0
-        # Deduplication: positions per producer id (None: off), and the current session's
-        # floor (seq_nrs at or below it were confirmed before the session began).
-        self.dedup: dict[str, int] | None = (
-            None if dedup_positions is None else dict(dedup_positions)
+        self._dropped = self._rejected = self._dead_lettered = 0
+        # Deduplication (None: off), and the current session's floor: seq_nrs at or
+        # below it were confirmed before the session began.
+        self._dedup = (
+            None
+            if dedup_positions is None
+            else DedupPositions(dedup_positions, settings.on_sequence_restart)
         )
         self._floor = 0
         # next_delivery's one check for both "a new session" (seq_nr 1) and "a duplicate".
         self._fast_floor = 1
-        self._dedup_duplicates = self._dedup_gaps = self._sequence_restarts = 0
-        # Rejections: the current delivery's attempt (1 = first delivery), and whether a
-        # redelivery of it waits for the REDELIVER timer.
-        self._attempt = 1
-        self._redelivering = False
-        self._rejected = self._dead_lettered = 0
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
             SequencedMessage: self.on_sequenced,
             Confirmed: lambda _: self.on_confirmed(),
@@ -326,23 +230,24 @@ class ConsumerCore:
             confirmed_seq_nr=self.confirmed_seq_nr,
             requested_seq_nr=self.requested_seq_nr,
             stashed=tuple(m.seq_nr for m in self.stash),
-            collected_chunks=tuple(m.seq_nr for m in self.collected_chunks),
+            collected_chunks=tuple(m.seq_nr for m in self._chunks.pieces),
             registering=self.registering is not None,
             stopping=self.stopping,
-            retry_interval=self._retry_interval,
+            retry_interval=self._retry.interval,
         )
 
     def statistics(self) -> ConsumerStats:
+        dedup = self._dedup
         return ConsumerStats(
             delivered=self._delivered,
             confirmed=self._confirmed_count,
             duplicates=self._duplicates,
             gaps=self._gaps,
-            dropped=self._dropped,
-            retries=self._retries,
-            dedup_duplicates=self._dedup_duplicates,
-            dedup_gaps=self._dedup_gaps,
-            sequence_restarts=self._sequence_restarts,
+            dropped=self._dropped + self._chunks.lost,
+            retries=self._retry.retries,
+            dedup_duplicates=0 if dedup is None else dedup.duplicates,
+            dedup_gaps=0 if dedup is None else dedup.gaps,
+            sequence_restarts=0 if dedup is None else dedup.sequence_restarts,
             rejected=self._rejected,
             dead_lettered=self._dead_lettered,
         )
@@ -350,7 +255,7 @@ class ConsumerCore:
     def dedup_positions(self) -> dict[str, int] | None:
         """A copy of the deduplication positions (producer id -> highest confirmed
         seq_nr), or None when deduplication is off."""
-        return None if self.dedup is None else dict(self.dedup)
+        return None if self._dedup is None else dict(self._dedup.positions)
 
     @property
     def is_stopped(self) -> bool:
@@ -360,7 +265,7 @@ class ConsumerCore:
 
     def on_spawned(self) -> list[Effect]:
         """The controller exists: start the retry timer (it also repeats registration)."""
-        return [StartTimer(RETRY, self._retry_interval)]
+        return [self._retry.start()]
 
     def receive(self, message: object) -> list[Effect]:
         """Handle any message a consumer controller accepts.
@@ -386,7 +291,7 @@ class ConsumerCore:
         if phase is _WAITING_FOR_START:
             self.consumer = deliver_to
             self.phase = _ACTIVE
-            logger.debug("Received Start, unstashing %d messages", len(self.stash))
+            trace.started(len(self.stash))
             effects: list[Effect] = []
             self._restart_retry(effects)
             self._unstash(effects)
@@ -397,8 +302,9 @@ class ConsumerCore:
         if phase is _WAITING_FOR_CONFIRMATION:
             assert self.current is not None
             effects = [Send(deliver_to, self._delivery(self.current))]  # the new one gets it
-            if self._redelivering:  # now, not after the backoff
-                self._redelivering = False
+            redelivery = self._redelivery
+            if redelivery is not None and redelivery.waiting:  # now, not after the backoff
+                redelivery.skip_backoff()
                 effects.insert(0, CancelTimer(REDELIVER))
             return effects
         return []
@@ -409,7 +315,7 @@ class ConsumerCore:
         effects: list[Effect] = []
         self._heard = True
         if phase is _ACTIVE:
-            if self._retry_interval != self.settings.resend_interval_min:
+            if self._retry.backing_off:
                 self._restart_retry(effects)  # Akka's retryTimer.reset()
             self._active(msg, effects)
             if self.stash or self.stopping:
@@ -422,77 +328,53 @@ class ConsumerCore:
         elif phase is _WAITING_FOR_START:
             if len(self.stash) >= self.window:
                 self._dropped += 1
-                logger.debug(
-                    "Received SequencedMessage seq_nr %d before Start, discarding it: stash full",
-                    msg.seq_nr,
-                )
+                trace.discarded(msg.seq_nr, "stash full before Start")
             else:
                 self.stash.append(msg)
         return effects
 
-    def next_delivery(self, msg: SequencedMessage) -> Delivery | None:
-        """`on_sequenced` for the steady state, without effects: the next message in order
-        from the current producer controller, nothing stashed, registering, stopping or
-        backing off, and not a chunk. Returns the `Delivery` for the caller to hand to the
-        consumer itself, or None (nothing changed) when the message needs `on_sequenced`.
+    def next_delivery(
+        self, head: SequencedMessage | SequencedRun, run: bool = False
+    ) -> Delivery | None:
+        """The steady state: `on_sequenced` without effects, for a `SequencedMessage`
+        or, with ``run`` True, for the next message of the `SequencedRun` ``head`` (which
+        must have one; it is taken from the run with no `SequencedMessage` of its own).
+        Taken only if it is the next message in order from the current producer
+        controller, with nothing stashed, registering, stopping or backing off, and not a
+        chunk: exactly when `on_sequenced` would do nothing but deliver it. (The caller
+        says which kind ``head`` is: it looked already, and a second look costs here.)
 
-        The consumer handles call it for every message; its conditions are exactly those
-        under which `on_sequenced` would do nothing but deliver.
+        Returns the `Delivery` for the caller to hand to the consumer itself, or None
+        (nothing changed, nothing taken from a run): the message needs `on_sequenced`
+        (for a run: its rest, `SequencedRun.expand`). A run stands for its delivered
+        message until that one is confirmed: the caller takes no more from it until then.
         """
-        seq_nr = msg.seq_nr
+        seq_nr = head.seq_nr + 1 if run else head.seq_nr
         if (
             self.phase is not _ACTIVE
             or seq_nr != self.received_seq_nr + 1
             # seq_nr 1 (received_seq_nr 0: a new session, see _changed_producer) or, with
             # deduplication, at or below the session's floor (a duplicate, see _deliver).
             or seq_nr <= self._fast_floor
-            or msg.producer_controller is not self.producer_controller
+            or head.producer_controller is not self.producer_controller
             or self.registering is not None
             or self.stash
             or self.stopping
-            or self._retry_interval != self._min_interval
-            or type(msg.message) is ChunkedMessage
+            or self._retry.backing_off
             or self.consumer is None
+            or (not run and type(head.message) is ChunkedMessage)  # runs hold no chunks
         ):
             return None
+        if run:  # run.take(), inlined: it runs once per message
+            cursor: Any = head
+            cursor.seq_nr = seq_nr
+            cursor.message = cursor.messages[seq_nr - cursor.first_seq_nr]
         self._heard = True
         self.received_seq_nr = seq_nr
-        self.current = msg
+        self.current = head
         self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
-        return new_delivery(msg.message, self.new_confirm_to(), msg.producer_id, seq_nr, 1)
-
-    def next_run_delivery(self, run: SequencedRun) -> Delivery | None:
-        """`next_delivery` for the next message of ``run`` (which must have one), taken
-        from the run without a `SequencedMessage` of its own. Returns None (nothing
-        changed, nothing taken) when that message needs `on_sequenced`: the caller then
-        feeds the rest of the run as `SequencedMessage` objects (`SequencedRun.expand`).
-
-        The run stands for the delivered message until it is confirmed (it is kept as the
-        delivery awaiting confirmation): the caller takes no more from it until then.
-        """
-        seq_nr = run.seq_nr + 1
-        if (
-            self.phase is not _ACTIVE
-            or seq_nr != self.received_seq_nr + 1
-            or seq_nr <= self._fast_floor
-            or run.producer_controller is not self.producer_controller
-            or self.registering is not None
-            or self.stash
-            or self.stopping
-            or self._retry_interval != self._min_interval
-            or self.consumer is None
-        ):
-            return None
-        # run.take(), inlined: never a chunk, runs hold plain messages only.
-        run.seq_nr = seq_nr
-        run.message = message = run.messages[seq_nr - run.first_seq_nr]
-        self._heard = True
-        self.received_seq_nr = seq_nr
-        self.current = run
-        self.phase = _WAITING_FOR_CONFIRMATION
-        self._delivered += 1
-        return new_delivery(message, self.new_confirm_to(), run.producer_id, seq_nr, 1)
+        return new_delivery(head.message, self.new_confirm_to(), head.producer_id, seq_nr, 1)
 
     def on_confirmed(self) -> list[Effect]:
         """The consumer confirmed the current `Delivery`.
@@ -505,8 +387,8 @@ class ConsumerCore:
             current is not None
             and self.phase is _WAITING_FOR_CONFIRMATION
             and self.requested_seq_nr - current.seq_nr > self._half
-            and not self._redelivering
-            and self.dedup is None
+            and self._redelivery is None
+            and self._dedup is None
             and not self.stopping
             and not self.stash
             and not current.first
@@ -515,7 +397,6 @@ class ConsumerCore:
             # The steady state (what _complete does when there is nothing to tell, record
             # or unstash), once per message.
             self._confirmed_count += 1
-            self._attempt = 1
             self.confirmed_seq_nr = current.seq_nr
             self.current = None
             self.phase = _ACTIVE
@@ -534,34 +415,14 @@ class ConsumerCore:
         """
         current = self._awaited("Rejected")
         self._rejected += 1
-        attempt = self._attempt
-        settings = self.settings
-        if attempt < settings.max_attempts:
-            backoff = min(
-                settings.redelivery_backoff * 2 ** (attempt - 1), settings.redelivery_backoff_max
-            )
-            logger.debug(
-                "Delivery %r seq_nr %d rejected (attempt %d of %d), again in %s s: %s",
-                current.producer_id,
-                current.seq_nr,
-                attempt,
-                settings.max_attempts,
-                backoff,
-                reason,
-            )
-            self._redelivering = True
-            return [StartTimer(REDELIVER, backoff)]
-        logger.warning(
-            "Delivery %r seq_nr %d rejected %d times, to the dead letters: %s",
-            current.producer_id,
-            current.seq_nr,
-            attempt,
-            reason,
-        )
+        redelivery = self._redelivery
+        if redelivery is None:
+            self._redelivery = redelivery = Redelivery()
+        effect = redelivery.rejected(current, reason, self.settings)
+        effects: list[Effect] = [effect]
+        if type(effect) is StartTimer:
+            return effects
         self._dead_lettered += 1
-        effects: list[Effect] = [
-            WriteDeadLetter(current.producer_id, current.seq_nr, current.message, reason, attempt)
-        ]
         self._complete(current, effects)
         return effects
 
@@ -572,10 +433,12 @@ class ConsumerCore:
             LocalProtocolError: none does (or a rejected one waits for its redelivery).
         """
         current = self.current
-        if self.phase is not _WAITING_FOR_CONFIRMATION or current is None or self._redelivering:
-            waiting = " (the rejected delivery comes again first)" if self._redelivering else ""
+        redelivery = self._redelivery
+        waiting = redelivery is not None and redelivery.waiting
+        if self.phase is not _WAITING_FOR_CONFIRMATION or current is None or waiting:
+            note = " (the rejected delivery comes again first)" if waiting else ""
             msg = (
-                f"{what} received with no delivery awaiting confirmation{waiting} "
+                f"{what} received with no delivery awaiting confirmation{note} "
                 f"(phase {self.phase.value}, last confirmed seq_nr {self.confirmed_seq_nr}): "
                 "confirm or reject each Delivery once"
             )
@@ -586,16 +449,13 @@ class ConsumerCore:
         """The consumer is done with ``current`` (confirmed, or given up on): record it,
         tell the producer side as the window rule says, and take the next message."""
         self._confirmed_count += 1
-        self._attempt = 1
-        seq_nr = current.seq_nr
-        dedup = self.dedup
-        if dedup is not None:
+        self._redelivery = None
+        if self._dedup is not None:
             # Before the Request or Ack that tells the producer: the shell writes it first.
-            dedup[current.producer_id] = seq_nr
-            effects.append(RecordConfirmed(current.producer_id, seq_nr))
+            effects.append(self._dedup.confirmed(current.producer_id, current.seq_nr))
         self._confirm(current, effects)
         if self.stopping and not self.stash:
-            logger.debug("Stopped at seq_nr %d after delivering buffered messages", seq_nr)
+            trace.stopped(current.seq_nr, buffered=True)
             self._stop(effects)
             return
         self.phase = _ACTIVE
@@ -634,7 +494,7 @@ class ConsumerCore:
             return [Send(producer_controller, RegisterConsumer(self.self_ref))]
         if producer_controller == self.producer_controller:
             return []
-        logger.debug("Register to new producer controller, previous was %r", self.producer_id)
+        trace.registering(self.producer_id)
         effects: list[Effect] = []
         self._restart_retry(effects)
         effects.append(Send(producer_controller, RegisterConsumer(self.self_ref)))
@@ -655,7 +515,7 @@ class ConsumerCore:
             self.stopping = True
             return []
         if not self.stash and self.received_seq_nr == self.confirmed_seq_nr:
-            logger.debug("Stopped at seq_nr %d, no buffered messages", self.confirmed_seq_nr)
+            trace.stopped(self.confirmed_seq_nr, buffered=False)
             effects: list[Effect] = []
             self._stop(effects)
             return effects
@@ -681,27 +541,15 @@ class ConsumerCore:
         return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
 
     def on_peer_link_changed(self, event: PeerLinkChanged) -> list[Effect]:
-        """The link to a node came back: if our producer controller (or the one we are
-        registering to) lives there, retry now rather than at the next timer tick, since
-        whatever was in flight when the link broke is lost.
-
-        Only a link that went down comes *back*: the first opening of a link (the one our
-        `RegisterConsumer` opened, say) lost nothing, and retrying then would register
-        twice and have the producer resend its whole window.
-        """
-        if not event.up:
-            self._links_down.add(event.peer)
-            return []
-        if event.peer not in self._links_down:
-            return []
-        self._links_down.discard(event.peer)
-        phase = self.phase
-        if phase not in (_ACTIVE, _RESENDING):
+        """The link to a node came back (after going down): if our producer controller
+        (or the one we are registering to) lives there, retry now rather than at the next
+        timer tick, since whatever was in flight when the link broke is lost."""
+        if not self._retry.link_came_back(event) or self.phase not in (_ACTIVE, _RESENDING):
             return []
         peer_ref = self.registering if self.registering is not None else self.producer_controller
         if getattr(peer_ref, "node_address", None) != event.peer:
             return []
-        logger.debug("Link to %s restored: retrying now", event.peer)
+        trace.link_restored(event.peer)
         effects: list[Effect] = []
         self._retry_now(effects)
         return effects
@@ -724,22 +572,24 @@ class ConsumerCore:
             # P6: messages are flowing, nothing to retry (Akka retries on every tick).
             self._heard = False
             return effects
-        self._retries += 1
-        # Back off: ×1.5 up to the maximum; restart the timer only if the interval changed.
-        interval = min(self.settings.resend_interval_max, self._retry_interval * 1.5)
-        if interval != self._retry_interval:
-            self._retry_interval = interval
-            effects.append(StartTimer(RETRY, interval))
+        backoff = self._retry.back_off()
+        if backoff is not None:
+            effects.append(backoff)
         self._retry_now(effects)
         return effects
 
     def _redeliver(self) -> list[Effect]:
         effects: list[Effect] = [CancelTimer(REDELIVER)]
         current = self.current
-        if not self._redelivering or current is None or self.phase is not _WAITING_FOR_CONFIRMATION:
+        redelivery = self._redelivery
+        if (
+            redelivery is None
+            or not redelivery.waiting
+            or current is None
+            or self.phase is not _WAITING_FOR_CONFIRMATION
+        ):
             return effects  # stopped meanwhile
-        self._redelivering = False
-        self._attempt += 1
+        redelivery.redeliver()
         self._delivered += 1
         assert self.consumer is not None
         effects.append(Send(self.consumer, self._delivery(current)))
@@ -747,17 +597,16 @@ class ConsumerCore:
 
     def _retry_now(self, effects: list[Effect]) -> None:
         """Repeat what the peer may have missed: registration, Request, or Resend."""
-        phase = self.phase
         if self.registering is not None:
             effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
-        elif phase is _ACTIVE:
+        elif self.phase is _ACTIVE:
             self._retry_request(effects)
         else:
             assert self.producer_controller is not None
             # Nothing received yet (a fresh controller met a session midway): Resend(0),
             # which marks the head first so that it is accepted.
             from_seq_nr = self.received_seq_nr + 1 if self.received_seq_nr else 0
-            logger.debug("Retry sending Resend from seq_nr %d", from_seq_nr)
+            trace.retrying_resend(from_seq_nr)
             effects.append(Send(self.producer_controller, Resend(from_seq_nr)))
 
     # --- per-phase handling of a SequencedMessage ------------------------------------
@@ -769,37 +618,23 @@ class ConsumerCore:
             self._changed_producer(msg, effects)
         elif self.registering is not None:
             self._dropped += 1
-            logger.debug(
-                "Received SequencedMessage seq_nr %d, discarding it: registering to a new "
-                "producer controller",
-                seq_nr,
-            )
+            trace.discarded(seq_nr, "registering to a new producer controller")
         elif seq_nr == expected:
             self.received_seq_nr = seq_nr
             self._deliver(msg, effects)
         elif seq_nr > expected:
             self._gaps += 1
             if self.resend_lost:
-                logger.debug(
-                    "Received SequencedMessage seq_nr %d, expected %d, requesting resend",
-                    seq_nr,
-                    expected,
-                )
+                trace.gap(seq_nr, expected, "requesting resend")
                 effects.append(Send(msg.producer_controller, Resend(expected)))
                 self._enter_resending(effects)
             else:
-                logger.debug(
-                    "Received SequencedMessage seq_nr %d, expected %d, delivering anyway",
-                    seq_nr,
-                    expected,
-                )
+                trace.gap(seq_nr, expected, "delivering anyway")
                 self.received_seq_nr = seq_nr
                 self._deliver(msg, effects)
         else:
             self._duplicates += 1
-            logger.debug(
-                "Received duplicate SequencedMessage seq_nr %d, expected %d", seq_nr, expected
-            )
+            trace.duplicate(seq_nr, expected)
             if msg.first:
                 self._retry_request(effects)  # the producer did not see our Request
 
@@ -817,7 +652,7 @@ class ConsumerCore:
         elif self.registering is not None:
             self._dropped += 1
         elif seq_nr == self.received_seq_nr + 1:
-            logger.debug("Received missing SequencedMessage seq_nr %d", seq_nr)
+            trace.missing_received(seq_nr)
             self.received_seq_nr = seq_nr
             self._deliver(msg, effects)
         else:
@@ -830,12 +665,7 @@ class ConsumerCore:
         pc = msg.producer_controller
         if msg.first or not self.resend_lost:
             requested = seq_nr - 1 + self.window
-            logger.debug(
-                "Associated with producer controller of %r at seq_nr %d, requesting up to %d",
-                msg.producer_id,
-                seq_nr,
-                requested,
-            )
+            trace.associated(msg.producer_id, seq_nr, requested)
             effects.append(Send(pc, Request(0, requested, self.resend_lost, False)))
             self.producer_controller = pc
             self.producer_id = msg.producer_id
@@ -844,91 +674,19 @@ class ConsumerCore:
             self.requested_seq_nr = requested
             if self.registering is not None and self.registering == pc:
                 self.registering = None
-            if self.dedup is not None:
-                self._start_dedup_session(msg, effects)
+            if self._dedup is not None:  # a session begins: its floor
+                self._floor = floor = self._dedup.session_floor(msg.producer_id, seq_nr, effects)
+                self._fast_floor = max(1, floor)
             self._deliver(msg, effects)
         elif self.received_seq_nr == 0:
             # A fresh controller met a session midway: ask for everything, head marked first.
-            logger.debug(
-                "Received SequencedMessage seq_nr %d from a new producer controller, not first: "
-                "requesting Resend(0)",
-                seq_nr,
-            )
+            trace.met_midway(seq_nr)
             effects.append(Send(pc, Resend(0)))
             self.producer_controller = pc  # P10: so that the retry timer can repeat it
             self._enter_resending(effects)
         else:
             self._dropped += 1
-            logger.warning(
-                "Received SequencedMessage seq_nr %d of %r, discarding it: from an unexpected "
-                "producer controller",
-                seq_nr,
-                msg.producer_id,
-            )
-
-    def _start_dedup_session(self, msg: SequencedMessage, effects: list[Effect]) -> None:
-        """A session begins with ``msg``: set its floor from the producer id's position,
-        and report a gap or a sequence restart."""
-        assert self.dedup is not None
-        producer_id = msg.producer_id
-        seq_nr = msg.seq_nr
-        position = self.dedup.get(producer_id, 0)
-        if position and seq_nr == 1:
-            self._sequence_restarts += 1
-            if self.settings.on_sequence_restart == "reset":
-                logger.warning(
-                    "Producer %r started a new session at seq_nr 1, but seq_nrs up to %d were "
-                    "confirmed here before: forgetting that position and delivering from 1 "
-                    '(on_sequence_restart="reset"). If its producer controller has a durable '
-                    "queue, messages it resends are delivered twice; restart a producer "
-                    "without one under a new producer id instead",
-                    producer_id,
-                    position,
-                )
-                self.dedup[producer_id] = position = 0
-                effects.append(RecordConfirmed(producer_id, 0))
-            else:
-                logger.warning(
-                    "Producer %r started a new session at seq_nr 1, but seq_nrs up to %d were "
-                    "confirmed here before: dropping seq_nrs 1..%d as duplicates "
-                    '(on_sequence_restart="drop"). Right if it resends them (a durable '
-                    "producer queue, a retried task); if it restarted its numbering with new "
-                    "messages they are lost here: give that producer a durable queue or a new "
-                    'producer id per incarnation, or set on_sequence_restart="reset"',
-                    producer_id,
-                    position,
-                    position,
-                )
-        elif position and seq_nr > position + 1:
-            self._dedup_gaps += 1
-            logger.warning(
-                "Producer %r started a session at seq_nr %d, but only seq_nrs up to %d were "
-                "confirmed here: seq_nrs %d..%d never reached this consumer (lost, or "
-                "confirmed by another consumer of this producer id); delivering from %d",
-                producer_id,
-                seq_nr,
-                position,
-                position + 1,
-                seq_nr - 1,
-                seq_nr,
-            )
-        self._floor = position
-        self._fast_floor = max(1, position)
-
-    def _skip_duplicate(self, msg: SequencedMessage, effects: list[Effect]) -> None:
-        """``msg`` was confirmed before this session began: confirm it at once instead of
-        delivering it. The phase is ACTIVE afterwards; the caller goes on unstashing."""
-        self._dedup_duplicates += 1
-        logger.debug(
-            "Received SequencedMessage seq_nr %d of %r, not delivering it: confirmed before "
-            "(deduplication position %d)",
-            msg.seq_nr,
-            msg.producer_id,
-            self._floor,
-        )
-        self.collected_chunks.clear()
-        self._confirm(msg, effects)
-        self.phase = _ACTIVE
+            trace.unexpected_producer(seq_nr, msg.producer_id)
 
     def _stash_while_waiting(self, msg: SequencedMessage) -> None:
         current = self.current
@@ -938,9 +696,7 @@ class ConsumerCore:
             self._duplicates += 1
         elif len(self.stash) >= self.window:
             self._dropped += 1  # the producer side will resend it
-            logger.debug(
-                "Received SequencedMessage seq_nr %d, discarding it: stash is full", msg.seq_nr
-            )
+            trace.discarded(msg.seq_nr, "stash is full")
         else:
             self.stash.append(msg)
 
@@ -949,39 +705,19 @@ class ConsumerCore:
     def _deliver(self, msg: SequencedMessage, effects: list[Effect]) -> None:
         """Hand a message to the consumer, or collect it if it is a chunk."""
         if msg.seq_nr <= self._floor:
-            self._skip_duplicate(msg, effects)
+            # Confirmed before this session began: confirmed at once instead of delivered.
+            assert self._dedup is not None
+            self._dedup.skipped(msg.producer_id, msg.seq_nr, self._floor)
+            self._chunks.clear()
+            self._confirm(msg, effects)
+            self.phase = _ACTIVE  # the caller goes on unstashing
             return
-        message = msg.message
-        if type(message) is ChunkedMessage:
-            collected = self.collected_chunks
-            if message.first_chunk:
-                collected.clear()
-            elif not collected or collected[-1].seq_nr != msg.seq_nr - 1:
-                # Only-flow-control mode accepted a gap inside a chunked message: it cannot be
-                # assembled, so it is lost (Akka would splice the pieces around the gap).
-                self._dropped += 1 + len(collected)
-                logger.debug(
-                    "Received chunk seq_nr %d after a lost chunk, discarding the message",
-                    msg.seq_nr,
-                )
-                collected.clear()
+        if type(msg.message) is ChunkedMessage:
+            whole = self._chunks.add(msg)
+            if whole is None:
                 self._collecting(msg, effects)
                 return
-            if not message.last_chunk:
-                collected.append(msg)
-                self._collecting(msg, effects)
-                return
-            chunks = [*self.collected_chunks, msg]
-            self.collected_chunks = []
-            payload = assemble_chunks([c.message for c in chunks], self.serialization)
-            msg = SequencedMessage(
-                msg.producer_id,
-                msg.seq_nr,
-                payload,
-                chunks[0].first,
-                msg.ack,
-                msg.producer_controller,
-            )
+            msg = whole
         self.current = msg
         self.phase = _WAITING_FOR_CONFIRMATION
         self._delivered += 1
@@ -1003,8 +739,9 @@ class ConsumerCore:
             self._restart_retry(effects)
 
     def _delivery(self, msg: SequencedMessage | SequencedRun) -> Delivery:
+        attempt = 1 if self._redelivery is None else self._redelivery.attempt
         return new_delivery(
-            msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr, self._attempt
+            msg.message, self.new_confirm_to(), msg.producer_id, msg.seq_nr, attempt
         )
 
     def _unstash(self, effects: list[Effect]) -> None:
@@ -1034,16 +771,13 @@ class ConsumerCore:
             requested = self.requested_seq_nr
         else:
             requested = self.received_seq_nr + self._half
-        logger.debug(
-            "Retry sending Request, confirmed %d, up to %d", self.confirmed_seq_nr, requested
-        )
+        trace.retrying_request(self.confirmed_seq_nr, requested)
         effects.append(Send(pc, Request(self.confirmed_seq_nr, requested, self.resend_lost, True)))
         self.requested_seq_nr = requested
 
     def _restart_retry(self, effects: list[Effect]) -> None:
-        self._retry_interval = self.settings.resend_interval_min
         self._heard = False  # the new interval starts now
-        effects.append(StartTimer(RETRY, self._retry_interval))
+        effects.append(self._retry.restart())
 
     def _stop(self, effects: list[Effect]) -> None:
         if self.producer_controller is not None:

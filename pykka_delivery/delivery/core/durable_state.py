@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pykka_delivery.protocol.messages import ChunkedMessage, fast_frozen_init
+from pykka_delivery.protocol.messages import ChunkedMessage, Ref, SequencedMessage, fast_frozen_init
 
 __all__ = ["NO_QUALIFIER", "DurableProducerState", "MessageSent"]
 
@@ -90,6 +90,14 @@ class DurableProducerState:
             self,
             confirmed_seq_nr={q: v for q, v in self.confirmed_seq_nr.items() if q not in gone},
         )
+
+    def to_resend(self, producer_id: str, self_ref: Ref) -> list[SequencedMessage]:
+        """What a point-to-point producer core resends after loading this state: the
+        unconfirmed messages with their seq_nrs, the first one marked first."""
+        return [
+            SequencedMessage(producer_id, m.seq_nr, m.message, i == 0, m.ack, self_ref)
+            for i, m in enumerate(self.unconfirmed)
+        ]
 
     def cleanup_partial_chunked_messages(self) -> DurableProducerState:
         """The state without the pieces of chunked messages that were not stored whole.

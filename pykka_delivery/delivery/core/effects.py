@@ -6,11 +6,12 @@ pykka actor, a handle, or a test harness with a fake clock) carries them out in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pykka_delivery.delivery.core.durable_state import MessageSent
-from pykka_delivery.protocol.messages import Ref, fast_frozen_init
+from pykka_delivery.delivery.core.durable_state import NO_QUALIFIER, MessageSent
+from pykka_delivery.protocol.messages import Ref, SequencedMessage, fast_frozen_init
 
 __all__ = [
     "CancelTimer",
@@ -23,6 +24,8 @@ __all__ = [
     "StoreMessageSent",
     "StoreMessagesSent",
     "WriteDeadLetter",
+    "store_all_sent",
+    "store_sent",
 ]
 
 
@@ -67,6 +70,25 @@ class StoreMessagesSent:
     are stored. A batch costs one durable write (one commit) instead of one per message."""
 
     sents: tuple[MessageSent, ...]
+
+
+def store_sent(seq_msg: SequencedMessage, timestamp_millis: int) -> StoreMessageSent:
+    """Store ``seq_msg``, sent point to point (`NO_QUALIFIER`)."""
+    return StoreMessageSent(
+        MessageSent(seq_msg.seq_nr, seq_msg.message, seq_msg.ack, NO_QUALIFIER, timestamp_millis)
+    )
+
+
+def store_all_sent(
+    seq_msgs: Sequence[SequencedMessage], timestamp_millis: int
+) -> StoreMessagesSent:
+    """Store ``seq_msgs`` (consecutive seq_nrs), sent point to point, in one write."""
+    return StoreMessagesSent(
+        tuple(
+            MessageSent(m.seq_nr, m.message, m.ack, NO_QUALIFIER, timestamp_millis)
+            for m in seq_msgs
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,18 +27,10 @@ Theory of operation (a port of Pekko's ``ProducerControllerImpl``; names kept):
   ``current_seq_nr`` and its unconfirmed messages are resent, with their original seq_nrs,
   the first one marked first; the producer gets demand only once the consumer side asks.
 
-Decisions where we differ from the original (docs/decisions.md):
-
-* P1: a `Request` whose window reaches exactly ``current_seq_nr`` grants a `RequestNext`
-  (Akka requires it to reach beyond, which stalls windows below 3).
-* P2: ``Resend(0)`` marks the head of ``unconfirmed`` as first *before* resending it, so a
-  fresh consumer controller accepts it in one round instead of two.
-* P3: after a durable reload with unconfirmed messages, the first one is resent and the
-  resend-first timer started (Akka resends it once, without a timer: if that one message
-  is lost, nobody resends it, since the consumer side's retries go to the old controller).
-* P16: the first confirmation of a session pushes only what was sent before that consumer
-  controller registered (Akka resends everything unconfirmed, so a fresh session sends
-  its first window twice).
+Decisions where we differ from the original, each explained in docs/decisions.md and
+marked where it applies: P1 (a window reaching exactly ``current_seq_nr`` grants demand),
+P2 (``Resend`` marks the head first before resending it), P3 (a durable reload starts the
+resend-first timer) and P16 (a session's first confirmation pushes only the backlog).
 
 The core has one owner: only this module assigns its fields. It keeps them in a mutable
 slotted object, not a frozen record replaced per event: ``dataclasses.replace`` measured
@@ -53,25 +45,28 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from pykka_delivery.delivery.core.chunking import make_chunks
-from pykka_delivery.delivery.core.durable_state import (
-    NO_QUALIFIER,
-    DurableProducerState,
-    MessageSent,
-)
+from pykka_delivery.delivery.core.chunking import sequenced_chunks
+from pykka_delivery.delivery.core.durable_state import NO_QUALIFIER, DurableProducerState
 from pykka_delivery.delivery.core.effects import (
     CancelTimer,
     Effect,
     Send,
     StartTimer,
     StoreMessageConfirmed,
-    StoreMessageSent,
-    StoreMessagesSent,
+    store_all_sent,
+    store_sent,
+)
+from pykka_delivery.delivery.core.producer_records import (
+    ProducerCounters,
+    ProducerSnapshot,
+    ProducerStats,
+    cannot_handle_message,
+    no_demand_message,
 )
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
+from pykka_delivery.delivery.core.stuck import StuckCheck
 from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
@@ -128,51 +123,6 @@ _WAITING_FOR_INITIALIZATION = ProducerPhase.WAITING_FOR_INITIALIZATION
 _ACTIVE = ProducerPhase.ACTIVE
 
 
-@dataclass(frozen=True, slots=True)
-class ProducerSnapshot:
-    """A frozen view of a producer core's state (seq_nrs only, no payloads)."""
-
-    phase: ProducerPhase
-    current_seq_nr: int
-    confirmed_seq_nr: int
-    requested_seq_nr: int
-    requested: bool
-    first_seq_nr: int
-    support_resend: bool
-    unconfirmed: tuple[int, ...]
-    remaining_chunks: tuple[int, ...]
-    pending_replies: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerStats:
-    """Counters of a producer controller, as a frozen snapshot.
-
-    Attributes:
-        sent: messages (or chunks) sent for the first time.
-        resent: messages (or chunks) sent again (Resend, retries, first-message resends).
-        requests: `Request` messages received.
-        resend_requests: `Resend` messages received.
-        acks: `Ack` messages received.
-        rejected: inputs refused as protocol misuse (see the log for each).
-        stored: messages (or chunks) handed to the durable queue to store (0 without one).
-        stuck: messages sent more than ``stuck_after`` seconds ago and not confirmed, at
-            the last check (a gauge; 0 when the check is off).
-        stuck_reports: times messages were found stuck after none were (each logged as a
-            warning).
-    """
-
-    sent: int
-    resent: int
-    requests: int
-    resend_requests: int
-    acks: int
-    rejected: int
-    stored: int
-    stuck: int
-    stuck_reports: int
-
-
 class ProducerCore:
     """State machine of one producer controller.
 
@@ -197,23 +147,17 @@ class ProducerCore:
     """
 
     __slots__ = (
-        "_acks",
         "_announce",
         "_backlog_end",
         "_chunk_size",
         "_clock",
+        "_counts",
         "_durable",
+        "_fast_up_to",
         "_handlers",
         "_plain",
-        "_rejected",
-        "_requests",
-        "_resend_requests",
-        "_resent",
-        "_sent",
-        "_sent_marks",
-        "_stored",
+        "_start_seq_nr",
         "_stuck",
-        "_stuck_reports",
         "confirmed_seq_nr",
         "consumer",
         "current_seq_nr",
@@ -268,12 +212,8 @@ class ProducerCore:
         self.unconfirmed: deque[SequencedMessage] = deque()
         self.remaining_chunks: deque[SequencedMessage] = deque()
         self.replies: dict[int, Ref] = {}
-        self._sent = self._resent = self._requests = self._resend_requests = 0
-        self._acks = self._rejected = self._stored = 0
-        # The stuck check: (when, last seq_nr sent by then), one mark per check, so that
-        # nothing is recorded per message.
-        self._sent_marks: deque[tuple[float, int]] = deque()
-        self._stuck = self._stuck_reports = 0
+        self._counts = ProducerCounters()
+        self._stuck = StuckCheck(producer_id, self.settings.stuck_after)
         self._durable = durable_state is not None
         self._clock: Callable[[], int] = clock_millis or _no_clock
         if durable_state is not None:
@@ -285,9 +225,16 @@ class ProducerCore:
                 )
                 raise ValueError(msg)
             self._load(durable_state)
+        # Every seq_nr is sent once for the first time, as it is numbered: what was sent
+        # counts from here.
+        self._start_seq_nr = self.current_seq_nr
         # The steady-state path of `next_message` applies: no RequestNext to build, no
         # chunks to cut, nothing to store first.
         self._plain = not announce_demand and not self._chunk_size and not self._durable
+        # The last seq_nr `next_message` may number: requested_seq_nr while requested in the
+        # active phase of a plain core, else 0. Left behind when the window fills (the
+        # numbering passes it), so that the fast path checks two numbers, not five flags.
+        self._fast_up_to = 0
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
             SendNext: lambda m: self.on_msg(m.message),
             MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to),
@@ -313,6 +260,14 @@ class ProducerCore:
         )
 
     @property
+    def demand(self) -> int:
+        """How many messages the producer may send now, one after another (0: none; 1 at
+        most when chunking: the chunks of one take the window)."""
+        if not self.has_demand:
+            return 0
+        return 1 if self._chunk_size else self.requested_seq_nr - self.current_seq_nr + 1
+
+    @property
     def last_seq_nr(self) -> int:
         """The seq_nr of the message sent last: that of its last chunk, sent or not."""
         remaining = self.remaining_chunks
@@ -324,31 +279,10 @@ class ProducerCore:
         return self.confirmed_seq_nr >= self.current_seq_nr - 1
 
     def snapshot(self) -> ProducerSnapshot:
-        return ProducerSnapshot(
-            phase=self.phase,
-            current_seq_nr=self.current_seq_nr,
-            confirmed_seq_nr=self.confirmed_seq_nr,
-            requested_seq_nr=self.requested_seq_nr,
-            requested=self.requested,
-            first_seq_nr=self.first_seq_nr,
-            support_resend=self.support_resend,
-            unconfirmed=tuple(m.seq_nr for m in self.unconfirmed),
-            remaining_chunks=tuple(m.seq_nr for m in self.remaining_chunks),
-            pending_replies=tuple(sorted(self.replies)),
-        )
+        return ProducerSnapshot.of(self)
 
     def statistics(self) -> ProducerStats:
-        return ProducerStats(
-            sent=self._sent,
-            resent=self._resent,
-            requests=self._requests,
-            resend_requests=self._resend_requests,
-            acks=self._acks,
-            rejected=self._rejected,
-            stored=self._stored,
-            stuck=self._stuck,
-            stuck_reports=self._stuck_reports,
-        )
+        return self._counts.statistics(self.current_seq_nr - self._start_seq_nr, self._stuck)
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -361,12 +295,8 @@ class ProducerCore:
         """
         handler = self._handlers.get(type(message))
         if handler is None:
-            self._rejected += 1
-            msg = (
-                f"ProducerController {self.producer_id!r} cannot handle "
-                f"{type(message).__name__} (in phase {self.phase.value})"
-            )
-            raise LocalProtocolError(msg)
+            self._counts.rejected += 1
+            raise LocalProtocolError(cannot_handle_message(self, message))
         return handler(message)
 
     def on_start(self, producer: Ref) -> list[Effect]:
@@ -406,19 +336,23 @@ class ProducerCore:
         Raises:
             LocalProtocolError: there is no demand (no `RequestNext` outstanding).
         """
+        if not self.has_demand:
+            self._counts.rejected += 1
+            raise LocalProtocolError(no_demand_message(self, active=self.phase is _ACTIVE))
         current = self.current_seq_nr
-        if not (
-            self.requested
-            and current <= self.requested_seq_nr
-            and not self.remaining_chunks
-            and self.phase is _ACTIVE
-        ):  # has_demand, inlined: this is the hot path
-            self._rejected += 1
-            raise LocalProtocolError(self._no_demand_message())
         ack = reply_to is not None
         effects: list[Effect] = []
         if self._chunk_size:
-            chunks = self._chunk(message, ack)
+            chunks = sequenced_chunks(
+                message,
+                self._chunk_size,
+                self.serialization,
+                producer_id=self.producer_id,
+                start=current,
+                first_seq_nr=self.first_seq_nr,
+                ack=ack,
+                self_ref=self.self_ref,
+            )
             if reply_to is not None:
                 self.replies[chunks[-1].seq_nr] = reply_to
             self.remaining_chunks.extend(chunks)
@@ -446,12 +380,12 @@ class ProducerCore:
             LocalProtocolError: there is no demand.
         """
         if not self.has_demand:
-            self._rejected += 1
-            raise LocalProtocolError(self._no_demand_message())
+            self._counts.rejected += 1
+            raise LocalProtocolError(no_demand_message(self, active=self.phase is _ACTIVE))
         if self._chunk_size:
             first = next(messages, _NOTHING)
             return [] if first is _NOTHING else self.on_msg(first)
-        batch = list(itertools.islice(messages, self.requested_seq_nr - self.current_seq_nr + 1))
+        batch = list(itertools.islice(messages, self.demand))
         effects: list[Effect] = []
         if not batch:
             return effects
@@ -464,15 +398,8 @@ class ProducerCore:
             for i, m in enumerate(batch)
         ]
         if self._durable:
-            now = self._clock()
-            effects.append(
-                StoreMessagesSent(
-                    tuple(
-                        MessageSent(m.seq_nr, m.message, False, NO_QUALIFIER, now) for m in seq_msgs
-                    )
-                )
-            )
-            self._stored += len(seq_msgs)
+            effects.append(store_all_sent(seq_msgs, self._clock()))
+            self._counts.stored += len(seq_msgs)
         last = seq_msgs[-1]
         for seq_msg in seq_msgs:
             self._send_new(seq_msg, effects, seq_msg is last)
@@ -487,20 +414,13 @@ class ProducerCore:
         timer).
         """
         current = self.current_seq_nr
-        if not (
-            self.requested
-            and current <= self.requested_seq_nr
-            and current != self.first_seq_nr
-            and self.phase is _ACTIVE
-            and self._plain
-        ):
+        if not self.first_seq_nr < current <= self._fast_up_to:
             return None
         seq_msg = new_sequenced_message(
             self.producer_id, current, message, False, False, self.self_ref
         )
         if self.support_resend:
             self.unconfirmed.append(seq_msg)
-        self._sent += 1
         if current == self.requested_seq_nr:
             self.requested = False
         self.current_seq_nr = current + 1
@@ -508,7 +428,7 @@ class ProducerCore:
 
     def on_request(self, request: Request) -> list[Effect]:
         """The consumer side confirms ``confirmed_seq_nr`` and opens the window."""
-        self._requests += 1
+        self._counts.requests += 1
         confirmed = request.confirmed_seq_nr
         support_resend = request.support_resend
         effects: list[Effect] = []
@@ -543,11 +463,12 @@ class ProducerCore:
                     Send(self.producer, self._request_next(self.current_seq_nr, confirmed))
                 )
                 self.requested = True
+            self._open_fast_path()
         return effects
 
     def on_ack(self, confirmed_seq_nr: int) -> list[Effect]:
         """The consumer side confirms up to ``confirmed_seq_nr`` without more demand."""
-        self._acks += 1
+        self._counts.acks += 1
         effects: list[Effect] = []
         self._confirm(confirmed_seq_nr, effects)
         if confirmed_seq_nr == self.first_seq_nr:
@@ -556,7 +477,7 @@ class ProducerCore:
 
     def on_resend(self, from_seq_nr: int) -> list[Effect]:
         """The consumer side saw a gap: resend everything unconfirmed from ``from_seq_nr``."""
-        self._resend_requests += 1
+        self._counts.resend_requests += 1
         unconfirmed = self.unconfirmed
         if unconfirmed and from_seq_nr < unconfirmed[0].seq_nr:
             # P2: mark the head first *before* resending, so a fresh consumer accepts it now.
@@ -572,7 +493,7 @@ class ProducerCore:
     def on_timer(self, key: str) -> list[Effect]:
         """A timer started by this core fired."""
         if key == STUCK_CHECK:
-            self._check_stuck()
+            self._stuck.check(self._clock() / 1000, self.current_seq_nr - 1, self.confirmed_seq_nr)
             return []
         if key != RESEND_FIRST:
             return []
@@ -584,35 +505,6 @@ class ProducerCore:
         return effects
 
     # --- internals -------------------------------------------------------------------
-
-    def _check_stuck(self) -> None:
-        """Count what was sent ``stuck_after`` seconds ago or earlier and is still not
-        confirmed; warn when that becomes non-zero, tell when it is zero again."""
-        now = self._clock() / 1000
-        marks = self._sent_marks
-        marks.append((now, self.current_seq_nr - 1))
-        limit = now - self.settings.stuck_after
-        sent_by_limit = None
-        while marks and marks[0][0] <= limit:
-            sent_by_limit = marks.popleft()[1]
-        if sent_by_limit is not None:
-            marks.appendleft((limit, sent_by_limit))  # still the latest mark that old
-        stuck = 0 if sent_by_limit is None else max(0, sent_by_limit - self.confirmed_seq_nr)
-        if stuck and not self._stuck:
-            self._stuck_reports += 1
-            logger.warning(
-                "Producer %r: %d messages sent more than %s s ago are not confirmed (the "
-                "oldest is seq_nr %d; the consumer side confirmed up to %d): is the consumer "
-                "alive, connected and confirming?",
-                self.producer_id,
-                stuck,
-                self.settings.stuck_after,
-                self.confirmed_seq_nr + 1,
-                self.confirmed_seq_nr,
-            )
-        elif self._stuck and not stuck:
-            logger.info("Producer %r: no message is stuck any more", self.producer_id)
-        self._stuck = stuck
 
     def _become_active_if_ready(self) -> list[Effect]:
         if self.producer is None or self.consumer is None:
@@ -639,19 +531,19 @@ class ProducerCore:
             self._resend_first(effects)
             return effects
         self.requested = True
+        self._open_fast_path()
         return [Send(producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
+
+    def _open_fast_path(self) -> None:
+        if self.requested and self._plain and self.phase is _ACTIVE:
+            self._fast_up_to = self.requested_seq_nr
 
     def _load(self, state: DurableProducerState) -> None:
         """Akka's ``createState``: continue from what the durable queue holds."""
-        # The queue already drops partially stored chunked messages on load; doing it again
-        # costs nothing when there are none, and a queue that forgot cannot make us resend
-        # half a message.
+        # The queue drops partly stored chunked messages on load already; one that forgot
+        # must not make us resend half a message.
         state = state.cleanup_partial_chunked_messages()
-        producer_id, self_ref = self.producer_id, self.self_ref
-        self.unconfirmed = deque(
-            SequencedMessage(producer_id, m.seq_nr, m.message, i == 0, m.ack, self_ref)
-            for i, m in enumerate(state.unconfirmed)
-        )
+        self.unconfirmed = deque(state.to_resend(self.producer_id, self.self_ref))
         self.current_seq_nr = state.current_seq_nr
         self.confirmed_seq_nr = state.highest_confirmed_seq_nr
         # The Pekko fix (#2760): up to current_seq_nr, not 1, or the first send after a
@@ -667,32 +559,6 @@ class ProducerCore:
             self.producer_id, current_seq_nr, confirmed_seq_nr, self.send_next_to, self.self_ref
         )
 
-    def _no_demand_message(self) -> str:
-        if self.phase is not _ACTIVE:
-            missing = [
-                name
-                for name, ref in (
-                    ("ProducerStart", self.producer),
-                    ("RegisterConsumer", self.consumer),
-                )
-                if ref is None
-            ]
-            return (
-                f"ProducerController {self.producer_id!r} got a message before it was started "
-                f"(still waiting for {' and '.join(missing)}): wait for RequestNext"
-            )
-        if self.remaining_chunks:
-            return (
-                f"ProducerController {self.producer_id!r} got a message while "
-                f"{len(self.remaining_chunks)} chunks of the previous one are unsent: "
-                "wait for RequestNext"
-            )
-        return (
-            f"ProducerController {self.producer_id!r} got a message with no demand "
-            f"(requested up to seq_nr {self.requested_seq_nr}, next seq_nr "
-            f"{self.current_seq_nr}): send one message per RequestNext"
-        )
-
     def _send_new(self, seq_msg: SequencedMessage, effects: list[Effect], last: bool) -> None:
         """Akka's ``onMsg``: send one message (or chunk; ``last``: its last) in the window."""
         current = self.current_seq_nr
@@ -702,7 +568,6 @@ class ProducerCore:
             effects.append(StartTimer(RESEND_FIRST, self.settings.resend_first_interval))
         assert self.consumer is not None
         effects.append(Send(self.consumer, seq_msg))
-        self._sent += 1
         if current == self.requested_seq_nr:
             self.requested = bool(self.remaining_chunks)  # busy until the last chunk is out
         elif last:
@@ -727,29 +592,8 @@ class ProducerCore:
             self._send_new(chunk, effects, chunk.message.last_chunk)
 
     def _store(self, seq_msg: SequencedMessage, effects: list[Effect]) -> None:
-        effects.append(
-            StoreMessageSent(
-                MessageSent(
-                    seq_msg.seq_nr, seq_msg.message, seq_msg.ack, NO_QUALIFIER, self._clock()
-                )
-            )
-        )
-        self._stored += 1
-
-    def _chunk(self, message: object, ack: bool) -> list[SequencedMessage]:
-        pieces = make_chunks(message, self._chunk_size, self.serialization)
-        start = self.current_seq_nr
-        return [
-            SequencedMessage(
-                self.producer_id,
-                start + i,
-                piece,
-                start + i == self.first_seq_nr,
-                ack and piece.last_chunk,
-                self.self_ref,
-            )
-            for i, piece in enumerate(pieces)
-        ]
+        effects.append(store_sent(seq_msg, self._clock()))
+        self._counts.stored += 1
 
     def _confirm(self, confirmed_seq_nr: int, effects: list[Effect]) -> None:
         """Akka's ``onAck``: reply to confirmed asks, drop confirmed messages."""
@@ -777,7 +621,7 @@ class ProducerCore:
         )
         for seq_msg in messages:
             effects.append(Send(consumer, seq_msg))
-        self._resent += len(messages)
+        self._counts.resent += len(messages)
 
     def _push_backlog(self, effects: list[Effect]) -> None:
         """The consumer controller confirmed its first message: send it what was sent
@@ -792,4 +636,4 @@ class ProducerCore:
         assert self.consumer is not None
         logger.debug("Resending first %r seq_nr %d", self.producer_id, self.first_seq_nr)
         effects.append(Send(self.consumer, self.unconfirmed[0].as_first()))
-        self._resent += 1
+        self._counts.resent += 1

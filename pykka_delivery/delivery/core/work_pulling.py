@@ -45,7 +45,6 @@ import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pykka_delivery.delivery.core.durable_state import (
@@ -63,6 +62,16 @@ from pykka_delivery.delivery.core.effects import (
 )
 from pykka_delivery.delivery.core.producer import RESEND_FIRST, ProducerCore
 from pykka_delivery.delivery.core.settings import WorkPullingSettings
+from pykka_delivery.delivery.core.work_pulling_records import (
+    CurrentWorkers,
+    GetWorkerStats,
+    WorkerMessage,
+    WorkerSnapshot,
+    WorkerStats,
+    WorkPullingSnapshot,
+    WorkPullingStats,
+)
+from pykka_delivery.delivery.core.workers import NOWHERE, Pending, SentToWorker, Worker
 from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
@@ -92,176 +101,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pykka_delivery.work_pulling")
-
-
-# --- messages --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CurrentWorkers:
-    """The service registry's listing: the consumer controllers registered now."""
-
-    workers: frozenset[Ref]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerMessage:
-    """``message`` (a `Request`, `Ack` or `Resend`) from the consumer controller of the
-    worker ``worker_id``, for that worker's producer controller."""
-
-    worker_id: str
-    message: Any
-
-
-@dataclass(frozen=True, slots=True)
-class GetWorkerStats:
-    """Ask for the number of workers; the answer, a `WorkerStats`, goes to ``reply_to``."""
-
-    reply_to: Ref
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStats:
-    """How many workers are registered (the last listing's size)."""
-
-    number_of_workers: int
-
-
-# --- snapshots -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSnapshot:
-    """One worker as the core sees it.
-
-    Attributes:
-        worker_id: the worker's id, also its confirmation qualifier in the durable queue.
-        producer_id: the producer id of the worker's session (``<producer_id>-<worker_id>``).
-        consumer_controller: the worker's ref, as registered.
-        has_demand: the worker may take one message now.
-        unconfirmed: the seq_nrs (the controller's numbering) of the messages sent to it
-            and not confirmed yet, oldest first.
-    """
-
-    worker_id: str
-    producer_id: str
-    consumer_controller: Ref
-    has_demand: bool
-    unconfirmed: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkPullingSnapshot:
-    """A frozen view of a work-pulling core's state (seq_nrs only, no payloads).
-
-    Attributes:
-        current_seq_nr: the seq_nr the next accepted message will get.
-        highest_confirmed_seq_nr: the highest seq_nr a worker confirmed.
-        requested: a `RequestNext` is outstanding to the producer.
-        buffered: the seq_nrs of the messages waiting for a worker with demand, in order.
-        workers: every registered worker, in the order they registered.
-    """
-
-    current_seq_nr: int
-    highest_confirmed_seq_nr: int
-    requested: bool
-    buffered: tuple[int, ...]
-    workers: tuple[WorkerSnapshot, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkPullingStats:
-    """Counters of a work-pulling producer controller, as a frozen snapshot.
-
-    Attributes:
-        workers: registered workers now.
-        buffered: messages waiting for a worker with demand now.
-        accepted: messages accepted from the producer.
-        sent: messages sent to a worker (each resend to another worker counted again).
-        redelivered: messages taken from a worker that left (or reloaded from the durable
-            queue) to be sent to another.
-        confirmed: messages a worker confirmed.
-        rejected: inputs refused as protocol misuse or for a full buffer (see the log).
-    """
-
-    workers: int
-    buffered: int
-    accepted: int
-    sent: int
-    redelivered: int
-    confirmed: int
-    rejected: int
-
-
-# --- internals -------------------------------------------------------------------------
-
-
-class _Internal:
-    """A ref only this core uses, to recognize what a worker's `ProducerCore` tells its
-    producer (demand) or a confirmation reply target (confirmed); it is never told."""
-
-    __slots__ = ("_what",)
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-
-    def __repr__(self) -> str:
-        return f"<work pulling {self._what}>"
-
-    def tell(self, message: Any) -> None:
-        msg = f"{self!r} is internal to WorkPullingCore and cannot be told {message!r}"
-        raise AssertionError(msg)
-
-
-_NOWHERE = _Internal("send_next_to")
-
-
-class _Pending:
-    """A message waiting for a worker with demand.
-
-    ``seq_nr`` is the controller's number of the message; with a durable queue, the seq_nr
-    it is stored under now, and ``stored_as`` that entry's qualifier.
-    """
-
-    __slots__ = ("message", "reply_to", "seq_nr", "stored_as")
-
-    def __init__(
-        self, seq_nr: int, message: Any, reply_to: Ref | None, stored_as: str | None
-    ) -> None:
-        self.seq_nr = seq_nr
-        self.message = message
-        self.reply_to = reply_to
-        self.stored_as = stored_as
-
-
-class _Sent:
-    """A message sent to a worker and not confirmed yet (Akka's ``Unconfirmed``)."""
-
-    __slots__ = ("message", "out_seq_nr", "reply_to", "seq_nr")
-
-    def __init__(self, seq_nr: int, out_seq_nr: int, message: Any, reply_to: Ref | None) -> None:
-        self.seq_nr = seq_nr
-        self.out_seq_nr = out_seq_nr
-        self.message = message
-        self.reply_to = reply_to
-
-
-class _Worker:
-    """One registered worker: its consumer controller and the producer core serving it
-    (Akka's ``OutState``)."""
-
-    __slots__ = ("confirmed_to", "consumer_controller", "core", "demand_to", "sent", "worker_id")
-
-    def __init__(self, worker_id: str, consumer_controller: Ref, core: ProducerCore) -> None:
-        self.worker_id = worker_id
-        self.consumer_controller = consumer_controller
-        self.core = core
-        self.demand_to = _Internal(f"demand of worker {worker_id}")
-        self.confirmed_to = _Internal(f"confirmations of worker {worker_id}")
-        self.sent: deque[_Sent] = deque()
-
-    def timer_key(self, key: str) -> str:
-        return f"{self.worker_id}/{key}"
 
 
 _WORKER_INPUTS = (Request, Ack, Resend)
@@ -325,8 +164,8 @@ class WorkPullingCore:
         self.highest_confirmed_seq_nr = 0
         self.durable = durable_state is not None
         self._clock_millis = clock_millis
-        self.buffer: deque[_Pending] = deque()
-        self.workers: dict[str, _Worker] = {}
+        self.buffer: deque[Pending] = deque()
+        self.workers: dict[str, Worker] = {}
         self._accepted = self._sent = self._redelivered = self._confirmed = self._rejected = 0
         if durable_state is not None:
             self._load(durable_state)
@@ -356,7 +195,7 @@ class WorkPullingCore:
         # Akka resends each to itself as ResendDurableMsg: in any order, each re-stored under
         # a new seq_nr and a worker's qualifier when a worker takes it.
         self.buffer.extend(
-            _Pending(m.seq_nr, m.message, None, m.confirmation_qualifier) for m in state.unconfirmed
+            Pending(m.seq_nr, m.message, None, m.confirmation_qualifier) for m in state.unconfirmed
         )
         self._redelivered += len(state.unconfirmed)
         if len(self.buffer) > self.settings.buffer_size:
@@ -376,6 +215,14 @@ class WorkPullingCore:
         and none waits in the buffer (when a `RequestNext` would be due). For owners that
         read demand instead of being told it, such as the `WorkPullingProducer` handle."""
         return not self.buffer and any(w.core.has_demand for w in self.workers.values())
+
+    @property
+    def demand(self) -> int:
+        """How many messages sent now, one after another, go to workers at once (0 when
+        any waits in the buffer): what the workers with demand may take."""
+        if self.buffer:
+            return 0
+        return sum(w.core.demand for w in self.workers.values())
 
     @property
     def all_confirmed(self) -> bool:
@@ -485,9 +332,9 @@ class WorkPullingCore:
             if self.durable:
                 self._store(seq_nr, message, reply_to is not None, NO_QUALIFIER, effects)
                 self._reply_stored(seq_nr, reply_to, effects)
-                self.buffer.append(_Pending(seq_nr, message, None, NO_QUALIFIER))
+                self.buffer.append(Pending(seq_nr, message, None, NO_QUALIFIER))
             else:
-                self.buffer.append(_Pending(seq_nr, message, reply_to, None))
+                self.buffer.append(Pending(seq_nr, message, reply_to, None))
         self._request_next_if_demand(effects)
         return effects
 
@@ -514,7 +361,7 @@ class WorkPullingCore:
             return None
         seq_nr = self.current_seq_nr
         self.current_seq_nr = seq_nr + 1
-        worker.sent.append(_Sent(seq_nr, out_seq_nr, message, None))
+        worker.sent.append(SentToWorker(seq_nr, out_seq_nr, message, None))
         self._accepted += 1
         self._sent += 1
         return worker.consumer_controller, seq_msg
@@ -585,11 +432,11 @@ class WorkPullingCore:
         core = ProducerCore(
             f"{self.producer_id}-{worker_id}",
             self._worker_ref(worker_id),
-            _NOWHERE,
+            NOWHERE,
             self.settings.producer_controller_settings,
             announce_demand=False,  # its demand is read from it (has_demand)
         )
-        worker = _Worker(worker_id, consumer_controller, core)
+        worker = Worker(worker_id, consumer_controller, core)
         self.workers[worker_id] = worker
         logger.debug(
             "Registered worker %r with producer id %r", consumer_controller, core.producer_id
@@ -597,7 +444,7 @@ class WorkPullingCore:
         self._absorb(worker, core.on_start(worker.demand_to), effects)
         self._absorb(worker, core.on_register_consumer(consumer_controller), effects)
 
-    def _remove_worker(self, worker: _Worker, effects: list[Effect]) -> None:
+    def _remove_worker(self, worker: Worker, effects: list[Effect]) -> None:
         del self.workers[worker.worker_id]
         effects.append(CancelTimer(worker.timer_key(RESEND_FIRST)))
         sent = worker.sent
@@ -610,9 +457,9 @@ class WorkPullingCore:
         # To the back of the buffer: for work pulling the order does not matter (Akka).
         for s in sent:
             if self.durable:
-                self.buffer.append(_Pending(s.seq_nr, s.message, None, worker.worker_id))
+                self.buffer.append(Pending(s.seq_nr, s.message, None, worker.worker_id))
             else:
-                self.buffer.append(_Pending(s.seq_nr, s.message, s.reply_to, None))
+                self.buffer.append(Pending(s.seq_nr, s.message, s.reply_to, None))
         self._redelivered += len(sent)
         if sent and len(self.buffer) > self.settings.buffer_size:
             logger.warning(
@@ -623,7 +470,7 @@ class WorkPullingCore:
                 self.settings.buffer_size,
             )
 
-    def _workers_with_demand(self) -> list[_Worker]:
+    def _workers_with_demand(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.core.has_demand]
 
     # --- sending ---------------------------------------------------------------------
@@ -652,7 +499,7 @@ class WorkPullingCore:
 
     def _send_to(
         self,
-        worker: _Worker,
+        worker: Worker,
         seq_nr: int,
         message: Any,
         reply_to: Ref | None,
@@ -661,7 +508,7 @@ class WorkPullingCore:
         ack: bool,
     ) -> None:
         out_seq_nr = worker.core.current_seq_nr
-        worker.sent.append(_Sent(seq_nr, out_seq_nr, message, reply_to))
+        worker.sent.append(SentToWorker(seq_nr, out_seq_nr, message, reply_to))
         self._sent += 1
         # With ``ack`` the worker acknowledges it at once; without, its Requests confirm it
         # (see ack_each_message and _absorb).
@@ -689,7 +536,7 @@ class WorkPullingCore:
 
     # --- a worker's producer core ----------------------------------------------------
 
-    def _absorb(self, worker: _Worker, inner: list[Effect], effects: list[Effect]) -> None:
+    def _absorb(self, worker: Worker, inner: list[Effect], effects: list[Effect]) -> None:
         """Carry over the effects of ``worker``'s producer core: what it tells its producer
         (demand) and its confirmation replies are for this core; its timers get the
         worker's prefix; the rest (sends to the worker) goes to the shell as it is.
@@ -714,7 +561,7 @@ class WorkPullingCore:
         if sent and sent[0].out_seq_nr <= worker.core.confirmed_seq_nr:
             self._on_confirmed(worker, worker.core.confirmed_seq_nr, effects)
 
-    def _on_confirmed(self, worker: _Worker, out_seq_nr: int, effects: list[Effect]) -> None:
+    def _on_confirmed(self, worker: Worker, out_seq_nr: int, effects: list[Effect]) -> None:
         """Akka's ``onAck``: ``worker`` confirmed its messages up to ``out_seq_nr``."""
         sent = worker.sent
         last = 0

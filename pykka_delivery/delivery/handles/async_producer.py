@@ -1,10 +1,11 @@
 """`AsyncProducer` and `AsyncConsumer`: reliable delivery for asyncio code.
 
-The same protocol, guarantees and errors as `Producer` and `Consumer` (producer_handle.py,
-consumer_handle.py), for code that runs in an event loop. A handle is created inside a
-running loop and belongs to it: every step of its core runs on the loop's thread, and its
-methods are called there. Two exceptions: ``delivery.confirm()`` may be called on any
-thread (it is handed to the loop), and so may `AsyncProducer.register_consumer`.
+The same protocol, guarantees and errors as `Producer` and `Consumer` (handles/producer.py,
+handles/consumer.py: the same sessions, delivery/session/), for code that runs in an event
+loop. A handle is created inside a running loop and belongs to it: every step of its core
+runs on the loop's thread, and its methods are called there. Two exceptions:
+``delivery.confirm()`` may be called on any thread (it is handed to the loop), and so may
+`AsyncProducer.register_consumer`.
 
 What the other side sends arrives on any thread (a transport's, the timer thread, a
 blocking handle's, a pykka actor's). It is appended to the handle's inbox, and the loop is
@@ -32,40 +33,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections import deque
 from collections.abc import Callable, Iterable
 from threading import get_ident
 from typing import Any
 
-from pykka_delivery.delivery.core.effects import (
-    Effect,
-)
-from pykka_delivery.delivery.core.producer import ProducerCore, ProducerSnapshot, ProducerStats
-from pykka_delivery.delivery.core.settings import (
-    ProducerControllerSettings,
-)
+from pykka_delivery.delivery.core.effects import Effect
+from pykka_delivery.delivery.core.producer import ProducerSnapshot, ProducerStats
+from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.handles._loop import call_in_loop, wake, wrong_thread
-from pykka_delivery.delivery.handles._parts import (
-    Ignore,
-    ProducerEffects,
-    ReplySlot,
-    failed_error,
-    open_durable,
-    send_batch_through,
-    send_through,
-)
-from pykka_delivery.delivery.messages import RequestNext
+from pykka_delivery.delivery.session.producer import ProducerSession, ReplySlot
 from pykka_delivery.delivery.stores.calls import wall_clock_millis
-from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
-from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue
+from pykka_delivery.delivery.timers import Timers, TimerService
+from pykka_delivery.errors import DeliveryTimeout, WouldBlock
 from pykka_delivery.protocol.messages import Ref, RegisterConsumer
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = ["AsyncProducer"]
-
-producer_logger = logging.getLogger("pykka_delivery.producer")
 
 
 class _ProducerEndpoint:
@@ -100,7 +84,7 @@ class _ProducerEndpoint:
             call_in_loop(producer._loop, producer._process_scheduled)
 
 
-class AsyncProducer(ProducerEffects):
+class AsyncProducer:
     """Sends messages reliably to one consumer, from asyncio code.
 
     Args:
@@ -144,37 +128,27 @@ class AsyncProducer(ProducerEffects):
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = get_ident()
-        self._durable, state = open_durable(durable_queue, settings, f"Producer {producer_id!r}")
-        self._failure: DurableQueueError | None = None
         self.producer_id = producer_id
-        self._inbox: deque[Any] = deque()
         self._waiters: list[asyncio.Future[None]] = []
         # True while a producer call runs on the loop (not while it is parked): arrivals
         # then leave their message to it.
         self._busy = False
         self._scheduled = False  # a _process_scheduled is on its way to the loop
-        self._closed = False
         self._endpoint = _ProducerEndpoint(self)
         self._self_ref: Ref = (
             self_ref_factory(self._endpoint) if self_ref_factory is not None else self._endpoint
         )
-        self._ignore = Ignore()
-        self._timers = Timers(self._endpoint.tell, timer_service)
-        self._core = ProducerCore(
+        self._session = ProducerSession.for_handle(
             producer_id,
             self._self_ref,
-            self._ignore,
-            settings,
-            serialization,
-            announce_demand=False,  # demand is read from the core (has_demand)
-            durable_state=state,
+            Timers(self._endpoint.tell, timer_service),
+            settings=settings,
+            serialization=serialization,
+            durable_queue=durable_queue,
             clock_millis=clock_millis,
+            on_failure=self._notify,
         )
-        self._busy = True
-        try:
-            self._run(self._core.on_start(self._ignore))
-        finally:
-            self._leave()
+        self._inbox = self._session.inbox
 
     @property
     def ref(self) -> Ref:
@@ -189,7 +163,7 @@ class AsyncProducer(ProducerEffects):
         Raises:
             ClosedError: the producer was closed.
         """
-        self._check_open()
+        self._session.check_open()
         self._endpoint.tell(RegisterConsumer(consumer_controller))
 
     async def send(self, message: Any, timeout: float | None = None) -> int:
@@ -204,15 +178,12 @@ class AsyncProducer(ProducerEffects):
             wrong_thread("AsyncProducer")
         self._busy = True
         try:
-            core = self._core
-            # The steady state first (send_through's first step, inlined).
-            seq_msg = None if self._inbox or self._closed else core.next_message(message)
-            if seq_msg is not None:
-                core.consumer.tell(seq_msg)  # type: ignore[union-attr] # set while active
-                return seq_msg.seq_nr
-            if self._inbox or self._closed or not core.has_demand:
-                await self._wait_for(self._has_demand, timeout, "demand to send")
-            return send_through(core, message, self._run)
+            session = self._session
+            seq_nr = None if self._inbox or session.closed else session.try_send(message)
+            if seq_nr is None:
+                await self._wait_for(self._has_demand, timeout, session.DEMAND_TO_SEND)
+                seq_nr = session.send(message)
+            return seq_nr
         finally:
             self._busy = False  # _leave, once there is something to take in
             if self._inbox:
@@ -235,20 +206,18 @@ class AsyncProducer(ProducerEffects):
         loop = self._loop
         deadline = None if timeout is None else loop.time() + timeout
         iterator = iter(pending)
+        session = self._session
         self._busy = True
         try:
-            self._check_open()
+            session.check_open()
             while len(seq_nrs) < len(pending):
                 remaining = None if deadline is None else deadline - loop.time()
                 try:
-                    await self._wait_for(self._has_demand, remaining, "demand to send")
+                    await self._wait_for(self._has_demand, remaining, session.DEMAND_TO_SEND)
                 except DeliveryTimeout:
-                    msg = (
-                        f"Producer {self.producer_id!r}: no demand within {timeout} s: the "
-                        f"first {len(seq_nrs)} of {len(pending)} messages were sent"
-                    )
+                    msg = session.partly_sent_message(timeout, len(seq_nrs), len(pending))
                     raise DeliveryTimeout(msg) from None
-                seq_nrs += send_batch_through(self._core, iterator, self._run)
+                seq_nrs += session.send_batch(iterator)
         finally:
             self._leave()
         return seq_nrs
@@ -262,14 +231,15 @@ class AsyncProducer(ProducerEffects):
         """
         if get_ident() != self._loop_thread:
             wrong_thread("AsyncProducer")
+        session = self._session
         self._busy = True
         try:
-            self._check_open()
+            session.check_open()
             self._drain()
-            if not self._core.has_demand:
-                msg = f"Producer {self.producer_id!r} has no demand: the consumer's window is full"
-                raise WouldBlock(msg)
-            return send_through(self._core, message, self._run)
+            seq_nr = session.try_send(message)
+            if seq_nr is None:
+                raise WouldBlock(session.no_demand_message())
+            return seq_nr
         finally:
             self._leave()
 
@@ -289,17 +259,16 @@ class AsyncProducer(ProducerEffects):
         slot = ReplySlot()
         self._busy = True
         try:
-            await self._wait_for(self._has_demand, timeout, "demand to send")
-            self._run(self._core.on_msg(message, slot))
+            await self._wait_for(self._has_demand, timeout, self._session.DEMAND_TO_SEND)
+            seq_nr = self._session.send(message, slot)
             await self._wait_for(
                 lambda: slot.seq_nr is not None,
                 None if deadline is None else deadline - loop.time(),
-                f"confirmation of seq_nr {self._core.last_seq_nr}",
+                f"confirmation of seq_nr {seq_nr}",
             )
         finally:
             self._leave()
-        assert slot.seq_nr is not None
-        return slot.seq_nr
+        return seq_nr
 
     async def wait_confirmed(self, timeout: float | None = None) -> None:
         """Wait until every message sent so far is confirmed by the consumer.
@@ -312,9 +281,7 @@ class AsyncProducer(ProducerEffects):
             wrong_thread("AsyncProducer")
         self._busy = True
         try:
-            await self._wait_for(
-                lambda: self._core.all_confirmed, timeout, "confirmation of every message"
-            )
+            await self._wait_for(self._all_confirmed, timeout, "confirmation of every message")
         finally:
             self._leave()
 
@@ -326,12 +293,9 @@ class AsyncProducer(ProducerEffects):
         it."""
         if get_ident() != self._loop_thread:
             wrong_thread("AsyncProducer")
-        self._closed = True
-        self._timers.cancel_all()
-        self._inbox.clear()
+        self._session.close()
         self._notify()
-        if self._durable is not None and self._failure is None:
-            self._durable.flush_on_stop()
+        self._session.release()
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -342,28 +306,34 @@ class AsyncProducer(ProducerEffects):
     def snapshot(self) -> ProducerSnapshot:
         if get_ident() != self._loop_thread:
             wrong_thread("AsyncProducer")
-        return self._core.snapshot()
+        return self._session.snapshot()
 
     def statistics(self) -> ProducerStats:
         if get_ident() != self._loop_thread:
             wrong_thread("AsyncProducer")
-        return self._core.statistics()
+        return self._session.statistics()
 
     # --- internals (on the loop's thread) ---------------------------------------------
 
-    def _has_demand(self) -> bool:
-        return self._core.has_demand
+    @property
+    def _run(self) -> Callable[[list[Effect]], None]:
+        """How the session carries out the effects of a send (a hook for tests)."""
+        return self._session.runner
 
-    def _check_open(self) -> None:
-        if self._closed:
-            if self._failure is not None:
-                raise failed_error(self.producer_id) from self._failure
-            msg = f"Producer {self.producer_id!r} is closed"
-            raise ClosedError(msg)
+    @_run.setter
+    def _run(self, runner: Callable[[list[Effect]], None]) -> None:
+        self._session.runner = runner
+
+    def _has_demand(self) -> bool:
+        return self._session.has_demand
+
+    def _all_confirmed(self) -> bool:
+        return self._session.all_confirmed
 
     async def _wait_for(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         """Park until ``ready()``; called busy, returns (or raises) busy."""
-        self._check_open()
+        session = self._session
+        session.check_open()
         self._drain()
         if ready():
             return
@@ -374,8 +344,7 @@ class AsyncProducer(ProducerEffects):
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
-                    raise DeliveryTimeout(msg)
+                    raise DeliveryTimeout(session.timeout_message(what, timeout))
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.append(waiter)
             # Parked, we are not busy: from now on an arrival on another thread schedules
@@ -391,14 +360,14 @@ class AsyncProducer(ProducerEffects):
                             async with asyncio.timeout(remaining):
                                 await waiter
                         except TimeoutError:
-                            msg = f"Producer {self.producer_id!r}: no {what} within {timeout} s"
+                            msg = session.timeout_message(what, timeout)
                             raise DeliveryTimeout(msg) from None
             finally:
                 self._busy = True
                 if not waiter.done() or waiter.cancelled():
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
-            self._check_open()
+            session.check_open()
             self._drain()
 
     def _process(self) -> None:
@@ -432,37 +401,5 @@ class AsyncProducer(ProducerEffects):
                 wake(waiter)
 
     def _drain(self) -> None:
-        inbox = self._inbox
-        if not inbox:
-            return
-        if self._closed:
-            inbox.clear()  # closed: the consumer side is ignored
-            return
-        core = self._core
-        while inbox:
-            message = inbox.popleft()
-            if type(message) is TimerFired:
-                if self._closed or not self._timers.accept(message):
-                    continue
-                self._run(core.on_timer(message.key))
-            else:
-                try:
-                    effects = core.receive(message)
-                except LocalProtocolError as error:
-                    producer_logger.error("%s", error)
-                    continue
-                try:
-                    self._run(effects)
-                except DurableQueueError:
-                    return  # _fail closed the producer; the application's next call raises
-        self._notify()
-
-    def _run(self, effects: list[Effect]) -> None:
-        self._carry_out(effects)
-
-    def _tell(self, to: Ref, message: Any) -> None:
-        if type(message) is not RequestNext:  # demand is read from the core
-            to.tell(message)
-
-    def _wake_waiters(self) -> None:
-        self._notify()
+        if self._session.process_inbox():
+            self._notify()

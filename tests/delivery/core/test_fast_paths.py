@@ -3,17 +3,19 @@
 `ConsumerCore.next_delivery` and `ProducerCore.next_message` skip the effect lists of
 `on_sequenced` and `on_msg` when nothing but one delivery (one send) can result. Here two
 cores get the same random events; one always takes the general path, the other tries the
-fast path first, as the handles do. After every event their effects (the fast path's
+fast path first, as the sessions do. After every event their effects (the fast path's
 result counted as the one `Send` it stands for), snapshots and statistics must be equal.
 
-`ConsumerCore.next_run_delivery` does the same for the next message of a `SequencedRun`
-(what a transport hands the consumer handles), and `on_confirmed` has a shortcut of its
-own for the steady state: both are compared the same way, with the cores fed as the
-`Consumer` handle feeds them (`Fed`).
+`ConsumerCore.next_delivery` is also the steady state for the next message of a
+`SequencedRun` (what a transport hands the consumer handles), and `on_confirmed` has a
+shortcut of its own for the steady state: both are compared the same way, with the cores
+fed as `ConsumerSession.poll` feeds them (`Fed`).
 """
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections import deque
 from typing import Any
 
@@ -36,10 +38,12 @@ from pykka_delivery.delivery.core.settings import (
     ConsumerControllerSettings,
     ProducerControllerSettings,
 )
+from pykka_delivery.delivery.core.work_pulling import WorkPullingCore
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerState
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import (
+    Ack,
     ChunkedMessage,
     Request,
     Resend,
@@ -218,13 +222,13 @@ producer_events = st.lists(
 def producer_step(core: ProducerCore, event: tuple[Any, ...], fast: bool) -> list[Effect]:
     kind = event[0]
     if kind == "msg":
-        if not core.has_demand:
-            return []
-        if fast:
+        if fast:  # tried first, demand or not, as `ProducerSession.try_send` does
             seq_msg = core.next_message("payload")
             if seq_msg is not None:
                 assert core.consumer is not None
                 return [Send(core.consumer, seq_msg)]
+        if not core.has_demand:
+            return []
         return core.on_msg("payload")
     if kind == "request":
         confirmed, extra, resend, via_timeout = event[1:]
@@ -364,7 +368,102 @@ def test_producer_batch_path_matches_on_msg_one_message_at_a_time(
         assert single.statistics() == batched.statistics(), event
 
 
-# --- runs: ConsumerCore.next_run_delivery ------------------------------------------------
+# --- WorkPullingCore.next_message ----------------------------------------------------
+
+
+class FirstChoice(random.Random):
+    """Picks the first worker with demand, and numbers worker ids: two cores pick alike
+    however often each asks (the fast path asks once more when it declines)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self._ids = itertools.count(1)
+
+    def choice(self, seq: Any) -> Any:
+        return seq[0]
+
+    def getrandbits(self, k: int) -> int:
+        return next(self._ids)
+
+
+WORKERS = (Probe("worker-a"), Probe("worker-b"), Probe("worker-c"))
+
+work_pulling_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("msg")),
+        st.tuples(st.just("msg")),
+        st.tuples(st.just("msg")),
+        st.tuples(st.just("request"), st.integers(0, 2), st.integers(0, 3), st.integers(0, 6)),
+        st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 3)),
+        st.tuples(st.just("workers"), st.sets(st.integers(0, 2))),
+    ),
+    max_size=60,
+)
+
+
+def work_pulling_step(core: WorkPullingCore, event: tuple[Any, ...], fast: bool) -> list[Effect]:
+    kind = event[0]
+    if kind == "msg":
+        if fast:  # tried first, demand or not, as `WorkPullingSession.try_send` does
+            picked = core.next_message("payload")
+            if picked is not None:
+                return [Send(*picked)]
+        return core.on_msg("payload") if core.has_demand else []
+    if kind == "workers":
+        return core.on_current_workers(WORKERS[i] for i in sorted(event[1]))
+    workers = list(core.workers.values())
+    if not workers:
+        return []
+    worker = workers[event[1] % len(workers)]
+    confirmed = max(0, worker.core.current_seq_nr - 1 - event[2])
+    message = Request(confirmed, confirmed + event[3]) if kind == "request" else Ack(confirmed)
+    return core.on_worker_message(worker.worker_id, message)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=work_pulling_events)
+def test_work_pulling_fast_path_matches_on_msg(events: list[tuple[Any, ...]]) -> None:
+    cores = [
+        WorkPullingCore(
+            "p",
+            Probe("send-next"),
+            Probe("ask-next"),
+            lambda _: Probe("worker-ref"),
+            rng=FirstChoice(),
+            ack_each_message=False,
+        )
+        for _ in range(2)
+    ]
+    general, fast = cores
+    for event in events:
+        assert work_pulling_step(general, event, False) == work_pulling_step(fast, event, True)
+        assert general.snapshot() == fast.snapshot(), event
+        assert general.statistics() == fast.statistics(), event
+
+
+def test_work_pulling_fast_path_is_taken_in_the_steady_state() -> None:
+    core = WorkPullingCore(
+        "p",
+        Probe("send-next"),
+        Probe("ask-next"),
+        lambda _: Probe("worker-ref"),
+        rng=FirstChoice(),
+        ack_each_message=False,
+    )
+    core.on_current_workers([WORKERS[0]])
+    assert core.next_message("first") is None  # a session's first message starts a timer
+    core.on_msg("first")
+    (worker,) = core.workers.values()
+    core.on_worker_message(worker.worker_id, Request(1, 3))
+
+    picked = core.next_message("second")
+
+    assert picked is not None
+    assert (picked[0], picked[1].message, picked[1].first) == (WORKERS[0], "second", False)
+    assert core.snapshot().current_seq_nr == 3
+
+
+# --- runs: ConsumerCore.next_delivery(run, True) -------------------------------------
 
 
 def plain(pc: int, seq_nr: int) -> SequencedMessage:
@@ -394,12 +493,12 @@ def confirm_slowly(core: ConsumerCore) -> list[Effect]:
 
 
 class Fed:
-    """A consumer core fed as the `Consumer` handle feeds it: what arrives waits in an
+    """A consumer core fed as `ConsumerSession` feeds it: what arrives waits in an
     inbox, and one message is fed only when no delivery is out (``outstanding``: handed
     to the consumer, not yet confirmed or rejected). The general one gets every message
     as a `SequencedMessage` through `on_sequenced` and confirms without the shortcut; the
-    fast one gets runs as `SequencedRun` and tries the fast paths first, as the handle
-    does (``receive``, ``_next_ready``, ``deliver_then_stop``)."""
+    fast one gets runs as `SequencedRun` and tries the fast paths first, as the session
+    does (``poll``, ``deliver_then_stop``)."""
 
     def __init__(self, core: ConsumerCore, fast: bool) -> None:
         self.core = core
@@ -422,13 +521,13 @@ class Fed:
             self.inbox.extend(plain(pc, n) for n in range(first_seq_nr, first_seq_nr + length))
 
     def feed_one(self) -> list[Effect]:
-        """Feed the inbox's next message, unless a delivery is out (the handle waits)."""
+        """Feed the inbox's next message, unless a delivery is out (the shell waits)."""
         if self.outstanding or not self.inbox:
             return []
         core = self.core
         head = self.inbox[0]
         if type(head) is SequencedRun:
-            delivery = core.next_run_delivery(head)
+            delivery = core.next_delivery(head, True)
             if delivery is not None:
                 if head.remaining == 0:
                     self.inbox.popleft()
@@ -511,7 +610,7 @@ _steady = st.one_of(
 # Composite events, expanded into their steps (each step compared).
 COMPOSITES: dict[str, list[tuple[Any, ...]]] = {
     "flow": [("feed",), ("confirm",)],  # repeated n times
-    # Out, rejected, the handle feeds on while the redelivery waits, redelivered.
+    # Out, rejected, the session feeds on while the redelivery waits, redelivered.
     "bounce": [("feed",), ("reject",), ("feed",), ("redeliver",)],
 }
 run_events = st.lists(
@@ -569,8 +668,8 @@ def test_consumer_run_fast_path_matches_on_sequenced_message_by_message(
     positions: dict[str, int] | None,
     opened: bool,
 ) -> None:
-    """Runs (`SequencedRun`) fed as the `Consumer` handle feeds them: the fast core tries
-    `next_run_delivery` and on None feeds the rest of the run through `on_sequenced`; the
+    """Runs (`SequencedRun`) fed as `ConsumerSession.poll` feeds them: the fast core tries
+    `next_delivery` and on None feeds the rest of the run through `on_sequenced`; the
     general core gets each message through `on_sequenced` and confirms without the
     `on_confirmed` shortcut. Rejections and redeliveries may come while a run's message
     is out. Most examples start with a session opened by seq_nr 1 (``opened``). After
@@ -619,20 +718,20 @@ def test_consumer_run_fast_path_is_taken_in_the_steady_state() -> None:
     core = steady_core()
     run = run_of(0, 2, 3)
 
-    delivery = core.next_run_delivery(run)
+    delivery = core.next_delivery(run, True)
 
     assert delivery is not None
     assert (delivery.message, delivery.producer_id, delivery.seq_nr) == ("m2", "p0", 2)
     assert (run.seq_nr, run.message, run.remaining) == (2, "m2", 2)
     assert core.current is run  # the run stands for seq_nr 2 until it is confirmed
-    assert core.next_run_delivery(run) is None  # 2 unconfirmed: nothing taken
+    assert core.next_delivery(run, True) is None  # 2 unconfirmed: nothing taken
     assert (run.seq_nr, run.remaining) == (2, 2)
     assert core.on_confirmed() == []  # the steady state: nothing to tell
-    third = core.next_run_delivery(run)
+    third = core.next_delivery(run, True)
     assert third is not None
     assert (third.message, third.seq_nr, third.attempt) == ("m3", 3, 1)
     core.on_confirmed()
-    assert core.next_run_delivery(run) is not None
+    assert core.next_delivery(run, True) is not None
     assert run.remaining == 0
     core.on_confirmed()
     snapshot = core.snapshot()
@@ -655,7 +754,7 @@ def test_consumer_run_fast_path_is_refused_outside_the_steady_state(
     core = steady_core()
     before = (core.snapshot(), core.statistics())
 
-    assert core.next_run_delivery(run) is None, why
+    assert core.next_delivery(run, True) is None, why
 
     assert run.remaining == len(run.expand()) == run.last_seq_nr - run.seq_nr  # untouched
     assert run.expand()[0].seq_nr == run.seq_nr + 1
@@ -668,7 +767,7 @@ def test_consumer_run_fast_path_is_refused_while_a_delivery_is_unconfirmed() -> 
     core.on_sequenced(plain(0, 2))  # delivered, not confirmed
     run = run_of(0, 3, 2)
 
-    assert core.next_run_delivery(run) is None
+    assert core.next_delivery(run, True) is None
 
     assert (run.seq_nr, run.remaining) == (2, 2)
     assert core.snapshot().received_seq_nr == 2
@@ -678,8 +777,8 @@ def test_consumer_run_fast_path_is_refused_before_the_first_message_of_a_session
     core = ConsumerCore(Probe("self"))
     core.on_start(CONSUMER)
 
-    assert core.next_run_delivery(run_of(0, 1, 2)) is None
-    assert core.next_run_delivery(run_of(0, 2, 2)) is None
+    assert core.next_delivery(run_of(0, 1, 2), True) is None
+    assert core.next_delivery(run_of(0, 2, 2), True) is None
 
     assert core.snapshot().received_seq_nr == 0
 
@@ -691,12 +790,26 @@ def test_a_message_taken_from_a_run_counts_as_heard_by_the_retry_timer() -> None
     assert core.on_timer(RETRY) == []  # seq_nr 1 arrived in this interval
     run = run_of(0, 2, 1)
 
-    assert core.next_run_delivery(run) is not None
+    assert core.next_delivery(run, True) is not None
     core.on_confirmed()
 
     assert core.on_timer(RETRY) == []  # seq_nr 2 arrived in this interval
     retried = core.on_timer(RETRY)  # silence: now it retries
     assert Send(PRODUCERS[0], Request(2, 50, True, True)) in retried
+
+
+def test_consumer_fast_path_leaves_a_message_during_a_retry_backoff_to_the_general_path() -> None:
+    """The general path resets the retry timer for it (Akka's ``retryTimer.reset()``)."""
+    core = steady_core()
+    core.on_timer(RETRY)  # seq_nr 1 arrived in this interval
+    core.on_timer(RETRY)  # silence: a retry, and the interval backs off
+    assert core.snapshot().retry_interval == 3.0
+
+    assert core.next_delivery(sequenced(0, 2, False, False)) is None
+    effects = core.on_sequenced(sequenced(0, 2, False, False))
+
+    assert effects[0] == StartTimer(RETRY, 2.0)
+    assert core.snapshot().retry_interval == 2.0
 
 
 REJECTING = ConsumerControllerSettings(
@@ -707,10 +820,10 @@ REJECTING = ConsumerControllerSettings(
 def test_a_rejected_run_message_is_redelivered_before_the_run_moves_on() -> None:
     core = steady_core(REJECTING)
     run = run_of(0, 2, 2)
-    core.next_run_delivery(run)
+    core.next_delivery(run, True)
 
     assert core.on_rejected("flaky") == [StartTimer(REDELIVER, 0.1)]
-    assert core.next_run_delivery(run) is None  # the rejected one comes again first
+    assert core.next_delivery(run, True) is None  # the rejected one comes again first
     assert (run.seq_nr, run.remaining) == (2, 1)
     redelivered = core.on_timer(REDELIVER)
 
@@ -718,9 +831,9 @@ def test_a_rejected_run_message_is_redelivered_before_the_run_moves_on() -> None
         CancelTimer(REDELIVER),
         Send(CONSUMER, Delivery("m2", CONSUMER, "p0", 2, 2)),
     ]
-    assert core.next_run_delivery(run) is None  # still out
+    assert core.next_delivery(run, True) is None  # still out
     core.on_confirmed()
-    third = core.next_run_delivery(run)
+    third = core.next_delivery(run, True)
     assert third is not None
     assert (third.message, third.seq_nr, third.attempt) == ("m3", 3, 1)
     assert core.statistics().rejected == 1
@@ -729,7 +842,7 @@ def test_a_rejected_run_message_is_redelivered_before_the_run_moves_on() -> None
 def test_a_run_message_rejected_max_attempts_times_is_dead_lettered_then_the_run_goes_on() -> None:
     core = steady_core(REJECTING)
     run = run_of(0, 2, 2)
-    core.next_run_delivery(run)
+    core.next_delivery(run, True)
     core.on_rejected("bad")
     core.on_timer(REDELIVER)
 
@@ -737,18 +850,18 @@ def test_a_run_message_rejected_max_attempts_times_is_dead_lettered_then_the_run
 
     assert effects[0] == WriteDeadLetter("p0", 2, "m2", "still bad", 2)
     assert core.snapshot().confirmed_seq_nr == 2
-    third = core.next_run_delivery(run)
+    third = core.next_delivery(run, True)
     assert third is not None
     assert (third.message, third.seq_nr, third.attempt) == ("m3", 3, 1)
     assert core.statistics().dead_lettered == 1
 
 
 def test_a_run_message_can_be_redelivered_from_a_run_given_up_on_by_the_feeder() -> None:
-    """While a run's message waits for its redelivery the handle feeds the rest of the run
+    """While a run's message waits for its redelivery the session feeds the rest of the run
     as messages (they are stashed); the redelivery still names the run's message."""
     core = steady_core(REJECTING)
     run = run_of(0, 2, 3)
-    core.next_run_delivery(run)
+    core.next_delivery(run, True)
     core.on_rejected("flaky")
     for message in run.expand():
         assert core.on_sequenced(message) == []

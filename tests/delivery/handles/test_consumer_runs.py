@@ -415,10 +415,9 @@ async def test_async_iteration_over_runs_delivers_and_requests_as_over_messages(
     assert seen(deliveries) == in_order(1, 12)
     assert pc.drain() == [Request(0, 20), Request(1, 20), Request(10, 30)]
     assert from_runs == (list(range(2, 13)) if as_runs else [])
-    # Runs are taken in __anext__ itself: `receive` only for the first message (not in a
-    # run) and after a Request was told (for the loop's turn: after 1 and after 10);
-    # messages one by one all go through it.
-    assert len(receives) == (3 if as_runs else 12)
+    # Deliveries are taken in __anext__ itself, from runs and single messages alike:
+    # `receive` only after a Request was told (for the loop's turn: after 1 and after 10).
+    assert len(receives) == 2
 
 
 async def test_async_iteration_redelivers_a_rejected_message_of_a_run_before_the_rest(
@@ -467,16 +466,18 @@ async def test_a_delivery_confirmed_on_a_thread_cannot_be_confirmed_again_on_the
 
 
 def count_deliveries_from_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The seq_nrs delivered straight from runs (`ConsumerCore.next_run_delivery`), from
-    now on."""
+    """The seq_nrs delivered straight from runs (`ConsumerCore.next_delivery` of a
+    `SequencedRun`), from now on."""
     from_runs: list[int] = []
-    take_from_run = ConsumerCore.next_run_delivery
+    next_delivery = ConsumerCore.next_delivery
 
-    def counted(core: ConsumerCore, run: SequencedRun) -> Delivery | None:
-        delivery = take_from_run(core, run)
-        if delivery is not None:
+    def counted(
+        core: ConsumerCore, head: SequencedMessage | SequencedRun, run: bool = False
+    ) -> Delivery | None:
+        delivery = next_delivery(core, head, run)
+        if delivery is not None and run:
             from_runs.append(delivery.seq_nr)
         return delivery
 
-    monkeypatch.setattr(ConsumerCore, "next_run_delivery", counted)
+    monkeypatch.setattr(ConsumerCore, "next_delivery", counted)
     return from_runs

@@ -1,0 +1,138 @@
+"""What a `ProducerCore` shows of itself: `ProducerSnapshot` (its state, seq_nrs only),
+`ProducerStats` (its counters, kept in a `ProducerCounters`) and the wording of its
+refusals. The core module counts and changes its state; nothing here does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pykka_delivery.delivery.core.producer import ProducerCore, ProducerPhase
+    from pykka_delivery.delivery.core.stuck import StuckCheck
+
+__all__ = [
+    "ProducerCounters",
+    "ProducerSnapshot",
+    "ProducerStats",
+    "cannot_handle_message",
+    "no_demand_message",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSnapshot:
+    """A frozen view of a producer core's state (seq_nrs only, no payloads)."""
+
+    phase: ProducerPhase
+    current_seq_nr: int
+    confirmed_seq_nr: int
+    requested_seq_nr: int
+    requested: bool
+    first_seq_nr: int
+    support_resend: bool
+    unconfirmed: tuple[int, ...]
+    remaining_chunks: tuple[int, ...]
+    pending_replies: tuple[int, ...]
+
+    @classmethod
+    def of(cls, core: ProducerCore) -> ProducerSnapshot:
+        return cls(
+            phase=core.phase,
+            current_seq_nr=core.current_seq_nr,
+            confirmed_seq_nr=core.confirmed_seq_nr,
+            requested_seq_nr=core.requested_seq_nr,
+            requested=core.requested,
+            first_seq_nr=core.first_seq_nr,
+            support_resend=core.support_resend,
+            unconfirmed=tuple(m.seq_nr for m in core.unconfirmed),
+            remaining_chunks=tuple(m.seq_nr for m in core.remaining_chunks),
+            pending_replies=tuple(sorted(core.replies)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStats:
+    """Counters of a producer controller, as a frozen snapshot.
+
+    Attributes:
+        sent: messages (or chunks) sent for the first time.
+        resent: messages (or chunks) sent again (Resend, retries, first-message resends).
+        requests: `Request` messages received.
+        resend_requests: `Resend` messages received.
+        acks: `Ack` messages received.
+        rejected: inputs refused as protocol misuse (see the log for each).
+        stored: messages (or chunks) handed to the durable queue to store (0 without one).
+        stuck: messages sent more than ``stuck_after`` seconds ago and not confirmed, at
+            the last check (a gauge; 0 when the check is off).
+        stuck_reports: times messages were found stuck after none were (each logged as a
+            warning).
+    """
+
+    sent: int
+    resent: int
+    requests: int
+    resend_requests: int
+    acks: int
+    rejected: int
+    stored: int
+    stuck: int
+    stuck_reports: int
+
+
+class ProducerCounters:
+    """The counters of a producer core (each described in `ProducerStats`)."""
+
+    __slots__ = ("acks", "rejected", "requests", "resend_requests", "resent", "stored")
+
+    def __init__(self) -> None:
+        self.resent = self.requests = self.resend_requests = 0
+        self.acks = self.rejected = self.stored = 0
+
+    def statistics(self, sent: int, stuck: StuckCheck) -> ProducerStats:
+        """The counters with ``sent`` and ``stuck``'s gauge, as a frozen snapshot."""
+        return ProducerStats(
+            sent=sent,
+            resent=self.resent,
+            requests=self.requests,
+            resend_requests=self.resend_requests,
+            acks=self.acks,
+            rejected=self.rejected,
+            stored=self.stored,
+            stuck=stuck.stuck,
+            stuck_reports=stuck.reports,
+        )
+
+
+def cannot_handle_message(core: ProducerCore, message: object) -> str:
+    """Why ``core`` refuses ``message``: it is not one a producer controller takes."""
+    return (
+        f"ProducerController {core.producer_id!r} cannot handle {type(message).__name__} "
+        f"(in phase {core.phase.value})"
+    )
+
+
+def no_demand_message(core: ProducerCore, *, active: bool) -> str:
+    """Why ``core`` (``active``: in its active phase) refuses a message now."""
+    name = f"ProducerController {core.producer_id!r}"
+    if not active:
+        missing = [
+            what
+            for what, ref in (("ProducerStart", core.producer), ("RegisterConsumer", core.consumer))
+            if ref is None
+        ]
+        return (
+            f"{name} got a message before it was started (still waiting for "
+            f"{' and '.join(missing)}): wait for RequestNext"
+        )
+    if core.remaining_chunks:
+        return (
+            f"{name} got a message while {len(core.remaining_chunks)} chunks of the previous "
+            "one are unsent: wait for RequestNext"
+        )
+    return (
+        f"{name} got a message with no demand (requested up to seq_nr "
+        f"{core.requested_seq_nr}, next seq_nr {core.current_seq_nr}): send one message per "
+        "RequestNext"
+    )
