@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -82,6 +83,13 @@ class ShellActor(pykka.ThreadingActor):
         )
         self._timers = Timers(quiet_tell(self.actor_ref), timer_service)
         self.rejected = 0
+
+    @staticmethod
+    def _create_actor_inbox() -> queue.SimpleQueue[Any]:
+        # pykka's default, queue.Queue, takes a Python-level lock and condition on every
+        # put and get; SimpleQueue (in C) does what pykka asks of an inbox (put, get,
+        # empty) with neither, and a controller's mailbox sees every message it handles.
+        return queue.SimpleQueue()
 
     def on_stop(self) -> None:
         self._timers.cancel_all()
