@@ -65,7 +65,10 @@ from pykka_delivery.delivery.core.consumer_records import (
 from pykka_delivery.delivery.core.consumer_redelivery import REDELIVER, Redelivery
 from pykka_delivery.delivery.core.consumer_retry import RETRY, RetryTimer
 from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer, Stop
-from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.core.settings import (
+    ACTOR_FLOW_CONTROL_WINDOW,
+    ConsumerControllerSettings,
+)
 from pykka_delivery.delivery.messages import (
     Confirmed,
     ConsumerStart,
@@ -123,6 +126,9 @@ class ConsumerCore:
         dedup_positions: turns deduplication on: the highest confirmed seq_nr per
             producer id, as loaded from a `DedupStore` (empty for a new store). None
             (the default): no deduplication across sessions, as in Akka.
+        default_window: the window when ``settings.flow_control_window`` is None: the
+            shell's default (`ACTOR_FLOW_CONTROL_WINDOW`, Akka's 50, unless a handle's
+            session says `HANDLE_FLOW_CONTROL_WINDOW`).
 
     Call `on_spawned` once before anything else: it starts the retry timer.
     """
@@ -171,6 +177,7 @@ class ConsumerCore:
         new_confirm_to: Callable[[], Ref] | None = None,
         *,
         dedup_positions: Mapping[str, int] | None = None,
+        default_window: int = ACTOR_FLOW_CONTROL_WINDOW,
     ) -> None:
         self.self_ref = self_ref
         if new_confirm_to is None:
@@ -181,7 +188,7 @@ class ConsumerCore:
 
         self.new_confirm_to = new_confirm_to
         self.settings = settings = settings or ConsumerControllerSettings()
-        self.window = settings.flow_control_window
+        self.window = settings.window(default_window)
         self._half = max(1, self.window // 2)
         self.resend_lost = not settings.only_flow_control
         self.phase = _WAITING_FOR_START

@@ -8,7 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ConsumerControllerSettings", "ProducerControllerSettings", "WorkPullingSettings"]
+__all__ = [
+    "ACTOR_FLOW_CONTROL_WINDOW",
+    "HANDLE_FLOW_CONTROL_WINDOW",
+    "ConsumerControllerSettings",
+    "ProducerControllerSettings",
+    "WorkPullingSettings",
+]
+
+
+ACTOR_FLOW_CONTROL_WINDOW = 50
+"""The window of a `ConsumerController` whose settings leave it None: Akka's default."""
+
+HANDLE_FLOW_CONTROL_WINDOW = 500
+"""The window of the consumer handles whose settings leave it None: chosen by measurement
+(bench/window.py, bench/RESULTS.md): it gives most of the speed a larger one gives, at
+a tenth of the memory of the largest measured."""
 
 
 def _require(condition: bool, msg: str) -> None:
@@ -23,8 +38,15 @@ class ConsumerControllerSettings:
     Attributes:
         flow_control_window: how many messages may be in flight beyond the last confirmed
             one; also the capacity of the stash kept while a delivery awaits confirmation.
-            A new `Request` goes out when half of it is left. Default 50. Any value from 1
-            works (Akka stalls below 3; see docs/decisions.md, P1).
+            A new `Request` goes out when half of it is left. Any value from 1 works (Akka
+            stalls below 3; see docs/decisions.md, P1). None (the default): the shell's
+            own default, `ACTOR_FLOW_CONTROL_WINDOW` (50, Akka's) for a
+            `ConsumerController`, `HANDLE_FLOW_CONTROL_WINDOW` (500) for the `Consumer`
+            and `AsyncConsumer` handles and what is built on them. The handles move whole
+            batches: across processes a window of 50 caps them near 60k msgs/s, 500 gives
+            about 320k (bench/window.py). Memory: a consumer holds up to a window of
+            messages in its inbox (each its payload plus about 40 bytes), and the producer
+            as many unconfirmed ones (each its payload plus about 150 bytes).
         resend_interval_min: first interval of the retry timer that repeats a `Request`
             (or a `Resend`, or a `RegisterConsumer`) when nothing arrives. Default 2 s.
         resend_interval_max: the retry interval grows ×1.5 per silent retry up to this.
@@ -58,7 +80,7 @@ class ConsumerControllerSettings:
         redelivery_backoff_max: the longest wait before a redelivery. Default 10 s.
     """
 
-    flow_control_window: int = 50
+    flow_control_window: int | None = None
     resend_interval_min: float = 2.0
     resend_interval_max: float = 30.0
     only_flow_control: bool = False
@@ -98,8 +120,9 @@ class ConsumerControllerSettings:
             f"dedup_store_backoff ({self.dedup_store_backoff}) to 60 seconds",
         )
         _require(
-            self.flow_control_window >= 1,
-            f"flow_control_window must be at least 1, got {self.flow_control_window}",
+            self.flow_control_window is None or self.flow_control_window >= 1,
+            f"flow_control_window must be at least 1, got {self.flow_control_window} "
+            "(or None: the shell's default)",
         )
         _require(
             self.resend_interval_min > 0,
@@ -110,6 +133,10 @@ class ConsumerControllerSettings:
             f"resend_interval_max ({self.resend_interval_max}) must be at least "
             f"resend_interval_min ({self.resend_interval_min})",
         )
+
+    def window(self, default: int) -> int:
+        """``flow_control_window``, or the shell's ``default`` when it is None."""
+        return default if self.flow_control_window is None else self.flow_control_window
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,11 @@ from pykka_delivery.delivery.core.effects import (
     Stop,
     WriteDeadLetter,
 )
-from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.core.settings import (
+    ACTOR_FLOW_CONTROL_WINDOW,
+    HANDLE_FLOW_CONTROL_WINDOW,
+    ConsumerControllerSettings,
+)
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.dead_letters import (
     DeadLetterDestination,
@@ -157,6 +161,7 @@ class ConsumerSession:
             confirm_to,
             new_confirm_to,
             dedup_positions=positions,
+            default_window=HANDLE_FLOW_CONTROL_WINDOW if hand_out else ACTOR_FLOW_CONTROL_WINDOW,
         )
         self.inbox: deque[Any] = deque() if inbox is None else inbox
         # A deque's append and extend are atomic: any thread may call them.

@@ -49,7 +49,10 @@ CALL_BOUND = 90.0
 FAST_RETRY = ConsumerControllerSettings(
     resend_interval_min=0.02, resend_interval_max=0.1
 )  # the consumer's retries on silence come quickly
-NO_RETRY = ConsumerControllerSettings(resend_interval_min=60.0, resend_interval_max=60.0)
+# Window 50 (Akka's): the scenarios that count a window were written for it.
+NO_RETRY = ConsumerControllerSettings(
+    flow_control_window=50, resend_interval_min=60.0, resend_interval_max=60.0
+)
 
 
 # --- the flavours --------------------------------------------------------------------

@@ -26,7 +26,11 @@ from hypothesis import strategies as st
 
 from pykka_delivery.delivery.core.consumer import REDELIVER, RETRY, ConsumerCore
 from pykka_delivery.delivery.core.effects import Effect, Send
-from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.core.settings import (
+    ACTOR_FLOW_CONTROL_WINDOW,
+    HANDLE_FLOW_CONTROL_WINDOW,
+    ConsumerControllerSettings,
+)
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.session.consumer import ConsumerSession
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterError, MemoryDeadLetters
@@ -663,3 +667,56 @@ def test_poll_delivers_and_sends_as_the_general_path_does(
         assert general.core.statistics() == fast.statistics(), event
         assert general.core.dedup_positions() == fast.core.dedup_positions(), event
         assert [(m.producer_id, m.seq_nr) for m in general.inbox] == pending(fast.inbox), event
+
+
+# --- the default window --------------------------------------------------------------
+
+
+def default_window_session(timers: ManualTimers, *, hand_out: bool) -> ConsumerSession:
+    inbox: deque[Any] = deque()
+    session = ConsumerSession(
+        Probe("self"),
+        ConsumerControllerSettings(resend_interval_min=60.0, resend_interval_max=60.0),
+        name="Consumer",
+        timers=Timers(inbox.append, timers),
+        inbox=inbox,
+        hand_out=hand_out,
+        confirm_to=Probe("cc"),
+    )
+    session.start()
+    return session
+
+
+def test_a_handles_session_without_a_window_setting_grants_the_handles_default_of_500(
+    timers: ManualTimers, pc: Probe
+) -> None:
+    session = default_window_session(timers, hand_out=True)
+    session.accept(seq(pc, 1, first=True))
+
+    polled(session)
+
+    assert session.take_outbox() == [(pc, Request(0, HANDLE_FLOW_CONTROL_WINDOW))]
+    assert HANDLE_FLOW_CONTROL_WINDOW == 500
+
+
+def test_an_actors_session_without_a_window_setting_grants_akkas_default_of_50(
+    timers: ManualTimers, pc: Probe
+) -> None:
+    session = default_window_session(timers, hand_out=False)
+    session.run(session.core.on_start(Probe("consumer")))
+
+    session.run(session.core.on_sequenced(seq(pc, 1, first=True)))
+
+    assert session.take_outbox()[0] == (pc, Request(0, ACTOR_FLOW_CONTROL_WINDOW))
+    assert ACTOR_FLOW_CONTROL_WINDOW == 50
+
+
+def test_a_window_setting_wins_over_either_default(timers: ManualTimers, pc: Probe) -> None:
+    for hand_out in (True, False):
+        session = session_of(timers, hand_out=hand_out, confirm_to=Probe("cc"))
+        if not hand_out:
+            session.run(session.core.on_start(Probe("consumer")))
+        session.accept(seq(pc, 1, first=True))
+        session.run(session.core.on_sequenced(session.inbox.popleft()))
+
+        assert session.take_outbox()[0] == (pc, Request(0, SETTINGS.flow_control_window))

@@ -706,7 +706,10 @@ def test_sqlite_writer_killed_with_sigkill_leaves_every_flushed_position(tmp_pat
 
 FAST = ConsumerControllerSettings(resend_interval_min=0.02, resend_interval_max=0.1)
 NO_BACKOFF = ConsumerControllerSettings(
-    resend_interval_min=60.0, resend_interval_max=60.0, dedup_store_backoff=0.0
+    flow_control_window=50,
+    resend_interval_min=60.0,
+    resend_interval_max=60.0,
+    dedup_store_backoff=0.0,
 )
 
 
