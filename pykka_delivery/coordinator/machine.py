@@ -1,7 +1,7 @@
 """The single-active-consumer coordinator's state machine, pure: commands in, effects out.
 
 Theory of operation (a port of RabbitMQ's ``rabbit_stream_sac_coordinator``; see
-shared/reference/rabbitmq-sac.md and docs/coordinator.md):
+docs/coordinator.md):
 
 * Consumers register in groups keyed by (namespace, stream, consumer name). Each group has
   at most one consumer that counts as active (active or deactivating, not presumed down).

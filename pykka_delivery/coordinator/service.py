@@ -15,7 +15,7 @@ Theory of operation:
   any other end (reset, cancelled, keepalive ping unanswered, even a half-close without
   goodbye) is a lost connection (`Detach(lost=True)`: they wait, disconnected, for the
   coordinator's ``disconnected_timeout``). A grpc.aio handler cannot tell a client that
-  died from one that half-closed (shared/reference/ecosystem.md), hence the explicit
+  died from one that half-closed (both end the stream the same way), hence the explicit
   goodbye.
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout), on both sides; there is no
   heartbeat message.

@@ -2,8 +2,8 @@
 
 Everything here is a frozen record; `machine.apply` builds new ones, nothing assigns. The
 small predicates below (`Consumer.counts_as_active`, `Group.chosen`, ...) are the
-selection rules of RabbitMQ's stream SAC coordinator (shared/reference/rabbitmq-sac.md,
-2.1); the handlers in machine.py only combine them.
+selection rules of RabbitMQ's stream SAC coordinator (``rabbit_stream_sac_coordinator``;
+docs/coordinator.md); the handlers in machine.py only combine them.
 
 Status abbreviations used in comments and tests: the first letter is the connectivity
 (C connected, D disconnected, P presumed down), the second the activity (A active,

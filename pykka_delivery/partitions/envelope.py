@@ -22,7 +22,7 @@ written by the `Serialization` the producer is given (the default one unless sai
 otherwise), so the consumers must use one that reads it.
 
 Cost: one serialization of the message when it is wrapped and one deserialization when it
-is unwrapped, in every process, even when producer and consumer share one (a few µs).
+is unwrapped, in every process, even when producer and consumer share one.
 """
 
 from __future__ import annotations

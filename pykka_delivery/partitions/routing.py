@@ -13,19 +13,10 @@ truncation of the 64-byte digest: the digest size is part of BLAKE2's parameter 
 `str` key is hashed as its UTF-8 bytes, so ``"order-1"`` and ``b"order-1"`` agree. Any
 language with a BLAKE2b library computes the same placement.
 
-Why this hash: the candidates, measured on the project's machine (2 shared vCPUs, Python
-3.11.7), µs per call with the modulo included, best of 7 interleaved rounds, for keys of 7,
-16, 36 and 200 bytes:
-
-    BLAKE2b-64 (hashlib, C)                 0.65   0.71   0.56   0.70
-    murmur2 as Kafka's partitioner          1.26   2.29   2.83  15.50
-      (pure Python, words read by struct)
-    BLAKE2b-64 + jump consistent hash       1.49   2.10   1.59   1.70
-    CRC-32 (zlib, C)                        0.08   0.14   0.14   0.18
-
-Kafka's murmur2 would give a Kafka user the same placement, but in pure Python it costs
-two to twenty times more and grows with the key, where the producer's whole protocol costs
-about 2 µs per message. CRC-32 is cheaper still but linear: keys that differ in a few bit
+Why this hash (the candidates' costs are in bench/RESULTS.md, "Hot paths"): Kafka's
+murmur2 would give a Kafka user the same placement, but in pure Python it costs several
+times the producer's whole protocol per message and grows with the key. CRC-32 is cheaper
+still but linear: keys that differ in a few bit
 positions can share their low bits, which is exactly what ``% N`` reads. BLAKE2b mixes
 every bit at a flat cost and is in every CPython (``hashlib`` guarantees it, OpenSSL or
 not). We do **not** match Kafka's placement.
@@ -37,8 +28,8 @@ Growth. Partition counts only grow (`pykka_delivery.partitions.config.check_grow
 any placement can move, and a key on partition p moves only to p + k·N, a new partition.
 Any other growth moves more keys, some between old partitions: 8 → 12 keeps a third of
 the keys, 8 → 9 only a ninth. So grow by multiples. (Jump consistent hashing would keep
-``N / M`` for any M, but costs about 1 µs more per call in Python, for a benefit only to
-growths that are not multiples.)
+``N / M`` for any M, but costs more per call than the hash itself in Python, for a benefit
+only to growths that are not multiples.)
 
 Unkeyed messages are spread round robin (`Spreader`): after any number of messages, the
 counts of any two partitions differ by at most one (at most ``run_length`` with runs).
@@ -134,8 +125,8 @@ class Spreader:
     unkeyed messages share a partition, so a partition's producer can send them as one
     batch.
 
-    `next_partition` costs about 0.1 µs and is safe to call from several threads (the
-    counter is an `itertools.count`, advanced atomically under the GIL).
+    `next_partition` is safe to call from several threads (the counter is an
+    `itertools.count`, advanced atomically under the GIL).
 
     Args:
         partitions: the stream's partition count, 1 or more.
@@ -173,9 +164,8 @@ class Router:
     """Places the messages of one producer on a stream of ``partitions`` partitions.
 
     A keyed message goes to `partition_for_key`; an unkeyed one (key None) to the next
-    partition of the router's `Spreader`. `route` is on the producer's hot path: measured
-    on the project's machine it costs about 0.5 µs for a bytes or str key and 0.1 µs
-    for an unkeyed message.
+    partition of the router's `Spreader`. `route` is on the producer's hot path (its cost
+    is in bench/RESULTS.md, "Hot paths").
 
     A router serves one partition count: when the stream grows, make a new one.
 

@@ -40,8 +40,8 @@ still wins).
 The application-facing messages (`ConsumerStart`, `Delivery`, `RequestNext`, ...) never
 cross a process boundary, as in Akka: `Codec.add` refuses them even when pickle is enabled.
 
-Speed. This is the per-message cost of the transport, so it is written for it (see
-feasibility.md section 5): envelopes are built in place in the frame with attribute sets,
+Speed. This is the per-message cost of the transport, so it is written for it (figures
+in bench/RESULTS.md, "Hot paths"): envelopes are built in place in the frame with attribute sets,
 fields at their default value are not set, dispatch is one dict lookup on the message's
 exact type (encoding) or on the ``body`` field's name (decoding), and refs and addresses
 are looked up in small caches instead of calling the node back for every message.

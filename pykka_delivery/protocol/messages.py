@@ -57,8 +57,8 @@ def fast_frozen_init(cls: type[_T]) -> type[_T]:
 
     A frozen dataclass's generated ``__init__`` sets each field through
     ``object.__setattr__``; setting the slots through their descriptors instead is about
-    twice as fast (six fields: 0.39 µs instead of 0.68 µs, measured here). Used for the
-    few classes built once per message on the hot path. Fields must have no defaults.
+    twice as fast (bench/RESULTS.md, "Hot paths"). Used for the few classes built once per
+    message on the hot path. Fields must have no defaults.
     """
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     if any(
@@ -84,7 +84,7 @@ def frozen_factory(cls: type[_T]) -> Callable[..., _T]:
     It fills an instance of an unfrozen twin class with the same slots by plain attribute
     assignment (the fast path of the interpreter), then makes it an instance of ``cls``
     (``__class__`` assignment: the layouts are the same). The result is an ordinary,
-    frozen ``cls`` instance. Six fields: about 0.2 µs instead of 0.4 µs (measured here).
+    frozen ``cls`` instance (about half the cost again: bench/RESULTS.md, "Hot paths").
     For the few classes built once per message on the hot path.
     """
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]

@@ -56,15 +56,21 @@ from typing import Any
 
 from pykka_delivery.delivery.core import consumer_trace as trace
 from pykka_delivery.delivery.core.consumer_chunks import ChunkCollector
+from pykka_delivery.delivery.core.consumer_control import ConsumerControl
 from pykka_delivery.delivery.core.consumer_dedup import DedupPositions
 from pykka_delivery.delivery.core.consumer_records import (
+    ACTIVE,
+    RESENDING,
+    STOPPED,
+    WAITING_FOR_CONFIRMATION,
+    WAITING_FOR_START,
     ConsumerPhase,
     ConsumerSnapshot,
     ConsumerStats,
 )
 from pykka_delivery.delivery.core.consumer_redelivery import REDELIVER, Redelivery
 from pykka_delivery.delivery.core.consumer_retry import RETRY, RetryTimer
-from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer, Stop
+from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer
 from pykka_delivery.delivery.core.settings import (
     ACTOR_FLOW_CONTROL_WINDOW,
     ConsumerControllerSettings,
@@ -84,7 +90,6 @@ from pykka_delivery.protocol.messages import (
     ChunkedMessage,
     PeerLinkChanged,
     Ref,
-    RegisterConsumer,
     Request,
     Resend,
     SequencedMessage,
@@ -103,14 +108,14 @@ __all__ = [
 
 # The phases as module globals: the hot paths compare phases on every message, and a
 # global is cheaper to look up than an enum member.
-_WAITING_FOR_START = ConsumerPhase.WAITING_FOR_START
-_ACTIVE = ConsumerPhase.ACTIVE
-_RESENDING = ConsumerPhase.RESENDING
-_WAITING_FOR_CONFIRMATION = ConsumerPhase.WAITING_FOR_CONFIRMATION
-_STOPPED = ConsumerPhase.STOPPED
+_WAITING_FOR_START = WAITING_FOR_START
+_ACTIVE = ACTIVE
+_RESENDING = RESENDING
+_WAITING_FOR_CONFIRMATION = WAITING_FOR_CONFIRMATION
+_STOPPED = STOPPED
 
 
-class ConsumerCore:
+class ConsumerCore(ConsumerControl):
     """State machine of one consumer controller.
 
     Args:
@@ -138,33 +143,15 @@ class ConsumerCore:
         "_confirmed_count",
         "_dead_lettered",
         "_dedup",
-        "_delivered",
         "_dropped",
         "_duplicates",
         "_fast_floor",
         "_floor",
         "_gaps",
-        "_half",
         "_handlers",
-        "_heard",
-        "_redelivery",
         "_rejected",
-        "_retry",
-        "confirmed_seq_nr",
-        "consumer",
-        "current",
         "new_confirm_to",
-        "phase",
-        "producer_controller",
-        "producer_id",
-        "received_seq_nr",
-        "registering",
-        "requested_seq_nr",
-        "resend_lost",
-        "self_ref",
         "settings",
-        "stash",
-        "stopping",
         "window",
     )
 
@@ -491,131 +478,6 @@ class ConsumerCore:
         self.requested_seq_nr = requested
         self.current = None
 
-    def on_register_to(self, producer_controller: Ref) -> list[Effect]:
-        """Connect to (another) producer controller from the consumer side."""
-        phase = self.phase
-        if phase is _STOPPED:
-            return []
-        if phase is _WAITING_FOR_START:
-            self.registering = producer_controller
-            return [Send(producer_controller, RegisterConsumer(self.self_ref))]
-        if producer_controller == self.producer_controller:
-            return []
-        trace.registering(self.producer_id)
-        effects: list[Effect] = []
-        self._restart_retry(effects)
-        effects.append(Send(producer_controller, RegisterConsumer(self.self_ref)))
-        self.registering = producer_controller
-        if phase is _RESENDING:
-            self.phase = _ACTIVE  # as in the original
-        return effects
-
-    def on_deliver_then_stop(self) -> list[Effect]:
-        """Stop once every received and stashed message is delivered and confirmed."""
-        phase = self.phase
-        if phase is _STOPPED:
-            return []
-        if phase is _WAITING_FOR_START:
-            if not self.stash:
-                self.phase = _STOPPED
-                return [Stop()]
-            self.stopping = True
-            return []
-        if not self.stash and self.received_seq_nr == self.confirmed_seq_nr:
-            trace.stopped(self.confirmed_seq_nr, buffered=False)
-            effects: list[Effect] = []
-            self._stop(effects)
-            return effects
-        self.stopping = True
-        return []
-
-    def on_consumer_terminated(self) -> list[Effect]:
-        """The consumer is gone: the controller stops too."""
-        if self.phase is _STOPPED:
-            return []
-        effects: list[Effect] = []
-        self._stop(effects)
-        return effects
-
-    def on_stopped(self) -> list[Effect]:
-        """The controller is being stopped from outside: best-effort `Ack` of what is
-        confirmed, so the producer side can drop it."""
-        if self.phase is _STOPPED:
-            return []
-        self.phase = _STOPPED
-        if self.producer_controller is None:
-            return []
-        return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
-
-    def on_peer_link_changed(self, event: PeerLinkChanged) -> list[Effect]:
-        """The link to a node came back (after going down): if our producer controller
-        (or the one we are registering to) lives there, retry now rather than at the next
-        timer tick, since whatever was in flight when the link broke is lost."""
-        if not self._retry.link_came_back(event) or self.phase not in (_ACTIVE, _RESENDING):
-            return []
-        peer_ref = self.registering if self.registering is not None else self.producer_controller
-        if getattr(peer_ref, "node_address", None) != event.peer:
-            return []
-        trace.link_restored(event.peer)
-        effects: list[Effect] = []
-        self._retry_now(effects)
-        return effects
-
-    def on_timer(self, key: str) -> list[Effect]:
-        """A timer started by this core fired."""
-        if key == REDELIVER:
-            return self._redeliver()
-        if key != RETRY:
-            return []
-        phase = self.phase
-        effects: list[Effect] = []
-        if phase is _WAITING_FOR_START:
-            if self.registering is not None:
-                effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
-            return effects
-        if phase not in (_ACTIVE, _RESENDING):
-            return effects  # no retries while a delivery awaits confirmation
-        if phase is _ACTIVE and self._heard and self.registering is None:
-            # P6: messages are flowing, nothing to retry (Akka retries on every tick).
-            self._heard = False
-            return effects
-        backoff = self._retry.back_off()
-        if backoff is not None:
-            effects.append(backoff)
-        self._retry_now(effects)
-        return effects
-
-    def _redeliver(self) -> list[Effect]:
-        effects: list[Effect] = [CancelTimer(REDELIVER)]
-        current = self.current
-        redelivery = self._redelivery
-        if (
-            redelivery is None
-            or not redelivery.waiting
-            or current is None
-            or self.phase is not _WAITING_FOR_CONFIRMATION
-        ):
-            return effects  # stopped meanwhile
-        redelivery.redeliver()
-        self._delivered += 1
-        assert self.consumer is not None
-        effects.append(Send(self.consumer, self._delivery(current)))
-        return effects
-
-    def _retry_now(self, effects: list[Effect]) -> None:
-        """Repeat what the peer may have missed: registration, Request, or Resend."""
-        if self.registering is not None:
-            effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
-        elif self.phase is _ACTIVE:
-            self._retry_request(effects)
-        else:
-            assert self.producer_controller is not None
-            # Nothing received yet (a fresh controller met a session midway): Resend(0),
-            # which marks the head first so that it is accepted.
-            from_seq_nr = self.received_seq_nr + 1 if self.received_seq_nr else 0
-            trace.retrying_resend(from_seq_nr)
-            effects.append(Send(self.producer_controller, Resend(from_seq_nr)))
-
     # --- per-phase handling of a SequencedMessage ------------------------------------
 
     def _active(self, msg: SequencedMessage, effects: list[Effect]) -> None:
@@ -769,25 +631,3 @@ class ConsumerCore:
         self.stash.clear()
         self.phase = _RESENDING
         self._restart_retry(effects)
-
-    def _retry_request(self, effects: list[Effect]) -> None:
-        pc = self.producer_controller
-        if pc is None:
-            return
-        if self.resend_lost:
-            requested = self.requested_seq_nr
-        else:
-            requested = self.received_seq_nr + self._half
-        trace.retrying_request(self.confirmed_seq_nr, requested)
-        effects.append(Send(pc, Request(self.confirmed_seq_nr, requested, self.resend_lost, True)))
-        self.requested_seq_nr = requested
-
-    def _restart_retry(self, effects: list[Effect]) -> None:
-        self._heard = False  # the new interval starts now
-        effects.append(self._retry.restart())
-
-    def _stop(self, effects: list[Effect]) -> None:
-        if self.producer_controller is not None:
-            effects.append(Send(self.producer_controller, Ack(self.confirmed_seq_nr)))
-        self.phase = _STOPPED
-        effects.append(Stop())

@@ -6,7 +6,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["ConsumerPhase", "ConsumerSnapshot", "ConsumerStats"]
+__all__ = [
+    "ACTIVE",
+    "RESENDING",
+    "STOPPED",
+    "WAITING_FOR_CONFIRMATION",
+    "WAITING_FOR_START",
+    "ConsumerPhase",
+    "ConsumerSnapshot",
+    "ConsumerStats",
+]
 
 
 class ConsumerPhase(enum.Enum):
@@ -15,6 +24,15 @@ class ConsumerPhase(enum.Enum):
     RESENDING = "resending"  # gap seen: ignore all but the expected seq_nr
     WAITING_FOR_CONFIRMATION = "waiting_for_confirmation"  # a Delivery is out: stash
     STOPPED = "stopped"
+
+
+# The phases as module globals, for the modules of the consumer core: the hot paths compare
+# phases on every message, and a global is cheaper to look up than an enum member.
+WAITING_FOR_START = ConsumerPhase.WAITING_FOR_START
+ACTIVE = ConsumerPhase.ACTIVE
+RESENDING = ConsumerPhase.RESENDING
+WAITING_FOR_CONFIRMATION = ConsumerPhase.WAITING_FOR_CONFIRMATION
+STOPPED = ConsumerPhase.STOPPED
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,9 @@ P2 (``Resend`` marks the head first before resending it), P3 (a durable reload s
 resend-first timer) and P16 (a session's first confirmation pushes only the backlog).
 
 The core has one owner: only this module assigns its fields. It keeps them in a mutable
-slotted object, not a frozen record replaced per event: ``dataclasses.replace`` measured
-2.4 µs here, more than the handles' whole per-message budget. `snapshot()` gives the frozen
-view the tests assert on.
+slotted object, not a frozen record replaced per event: ``dataclasses.replace`` costs more
+than the handles' whole per-message budget (bench/RESULTS.md, "Hot paths"). `snapshot()`
+gives the frozen view the tests assert on.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class ProducerPhase(enum.Enum):
     ACTIVE = "active"
 
 
-# The phases as module globals: an enum member lookup costs ~65 ns in Python 3.11,
-# a global ~8 ns, and the hot paths compare phases on every message.
+# The phases as module globals: the hot paths compare phases on every message, and a
+# global is several times cheaper to read than an enum member.
 _WAITING_FOR_INITIALIZATION = ProducerPhase.WAITING_FOR_INITIALIZATION
 _ACTIVE = ProducerPhase.ACTIVE
 
