@@ -1,9 +1,11 @@
-"""Reliable delivery between one producer and one consumer: cores, actors and handles.
+"""Reliable delivery between one producer and one consumer, in layers (docs/delivery.md).
 
-* Pure state machines: `ProducerCore`, `ConsumerCore` (messages in, effects out).
-* pykka actors running them: `ProducerController`, `ConsumerController`.
-* Handles for code that is not an actor: `Producer`, `Consumer`, and their asyncio
-  flavours `AsyncProducer`, `AsyncConsumer`.
+* ``core``: pure state machines, `ProducerCore`, `ConsumerCore`, `WorkPullingCore`
+  (messages in, effects out).
+* ``session``: the one interpreter of a core's effects per side, no waiting, no threads.
+* ``actors``: pykka actors around the sessions, `ProducerController`, `ConsumerController`.
+* ``handles``: for code that is not an actor, `Producer`, `Consumer`, and their asyncio
+  flavours `AsyncProducer`, `AsyncConsumer`: only the waiting around a session.
 * Nothing lost when a process dies: the durable producer queue (`SqliteDurableQueue`,
   `MemoryDurableQueue`), the consumer's deduplication store (`SqliteDedupStore`,
   `MemoryDedupStore`), dead letters for rejected messages (`SqliteDeadLetters`,

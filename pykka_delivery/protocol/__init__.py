@@ -1,8 +1,11 @@
-"""Wire schema and payload serialization.
+"""The vocabulary that crosses a process boundary, its wire schema and its codec.
 
-``delivery.proto`` (generated into :mod:`pykka_delivery.protocol.delivery_pb2`) defines
-the messages exchanged between producer and consumer controllers; :mod:`.serialization`
-turns application payloads into ``(serializer_id, manifest, data)`` and back.
+:mod:`.messages` holds the messages a producer side and a consumer side exchange
+(`SequencedMessage`, `Request`, `Resend`, `Ack`, `RegisterConsumer`, link events) and the
+capabilities a recipient declares; ``delivery.proto`` and ``transport.proto`` (generated
+into ``*_pb2``) are their wire schema; :mod:`.codec` turns one into the other; and
+:mod:`.serialization` turns application payloads into ``(serializer_id, manifest,
+data)`` and back.
 
 This package imports nothing else of ``pykka_delivery``: every other layer may depend on
 it, and it on none of them.
