@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.transport.settings import TlsSettings, _is_loopback
 
 __all__ = ["CoordinatorClientSettings", "CoordinatorServerSettings"]
@@ -68,6 +69,7 @@ class CoordinatorServerSettings:
     shutdown_grace: float = 1.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _check_durations(
             self,
             (
@@ -150,6 +152,7 @@ class CoordinatorClientSettings:
     max_message_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _check_durations(
             self,
             (

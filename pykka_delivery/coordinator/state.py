@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pykka_delivery._fields import check_field_types
+
 __all__ = [
     "SIMPLE",
     "Activity",
@@ -270,6 +272,7 @@ class CoordinatorSettings:
     max_partitions: int = 1024
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in ("disconnected_timeout", "recovery_min_delay"):
             value = getattr(self, name)
             _require(

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.core.producer import ProducerStats
 from pykka_delivery.delivery.core.settings import (
     ConsumerControllerSettings,
@@ -49,6 +50,7 @@ class PartitionedProducerSettings:
     durable_queue: SqliteQueueSettings | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if type(self.run_length) is not int or not 1 <= self.run_length <= 1_000_000:
             msg = (
                 f"PartitionedProducerSettings.run_length must be a whole number from 1 to "
@@ -128,6 +130,7 @@ class GroupMemberSettings:
     dedup: SqliteDedupSettings | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name, low, strict in (
             ("close_grace", 0.0, False),
             ("retry_backoff_min", 0.0, True),

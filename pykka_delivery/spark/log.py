@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pykka_delivery import _sqlite
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.errors import ClosedError, DeliveryError
 
@@ -143,6 +144,7 @@ class PartitionLogSettings:
     lock_timeout: float = 5.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _sqlite.check_synchronous(self.synchronous, _SYNCHRONOUS)
         _sqlite.check_seconds("busy_timeout", self.busy_timeout)
         _sqlite.check_seconds("lock_timeout", self.lock_timeout)

@@ -25,6 +25,13 @@ class RemoteRef:
         if not sep or not node_address or not name:
             msg = f"not a remote address: {path!r} (expected 'host:port/name')"
             raise ValueError(msg)
+        problem = _address_problem(node_address)
+        if problem:
+            msg = (
+                f"not a remote address: {path!r}: {problem} (expected 'host:port/name', "
+                "e.g. 'localhost:7001/orders')"
+            )
+            raise ValueError(msg)
         self._node = node
         self.path = path
         self.node_address = node_address
@@ -48,3 +55,15 @@ class RemoteRef:
                 return
             peer = self._peer = self._node._peer(self.node_address)
         peer.enqueue(self.name, message)
+
+
+def _address_problem(node_address: str) -> str:
+    """What is wrong with a node's ``host:port`` (``[v6]:port`` too), or "" if nothing."""
+    host, sep, port = node_address.rpartition(":")
+    if not sep or not host:
+        return f"{node_address!r} has no port"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"port {port!r} of {node_address!r} is not a number from 1 to 65535"
+    if host.startswith("[") != host.endswith("]"):
+        return f"host {host!r} of {node_address!r} is not a name, IPv4 or [IPv6] address"
+    return ""

@@ -6,6 +6,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pykka_delivery._fields import check_field_types
+
 __all__ = ["NodeSettings", "TlsSettings"]
 
 
@@ -109,6 +111,7 @@ class NodeSettings:
     shutdown_grace: float = 1.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         checks = [
             (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
             (self.max_message_bytes >= 1024, "max_message_bytes must be at least 1024"),

@@ -7,6 +7,7 @@ multi-process runs (subprocesses, SIGKILL) are in test_processes.py.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -195,6 +196,35 @@ def test_refs_to_the_same_address_are_equal_and_a_bad_address_is_refused(
     assert a.ref("127.0.0.1:1/x") != a.ref("127.0.0.1:1/y")
     with pytest.raises(ValueError, match="host:port/name"):
         a.ref("no-slash")
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("localhost/orders", "'localhost' has no port"),
+        (":7001/orders", "':7001' has no port"),
+        ("localhost:http/orders", "port 'http' of 'localhost:http' is not a number"),
+        ("localhost:70000/orders", "port '70000' of 'localhost:70000' is not a number"),
+        ("[::1:7001/orders", "host '[::1' of '[::1:7001' is not a name"),
+    ],
+)
+def test_an_address_without_a_usable_port_is_refused_at_once_naming_the_problem(
+    nodes: list[Node], path: str, problem: str
+) -> None:
+    # Regression: node.ref("localhost/orders") was accepted, and a consumer registered to
+    # it only timed out ("nothing delivered within 8 s") with the cause logged at DEBUG.
+    a = start(nodes)
+
+    with pytest.raises(ValueError, match=re.escape(problem)) as refused:
+        a.ref(path)
+
+    assert "e.g. 'localhost:7001/orders'" in str(refused.value)
+
+
+def test_an_ipv6_address_with_a_port_is_a_usable_remote_address(nodes: list[Node]) -> None:
+    a = start(nodes)
+
+    assert a.ref("[::1]:7001/orders").node_address == "[::1]:7001"
 
 
 def test_a_local_object_that_was_not_exposed_cannot_be_sent_across(

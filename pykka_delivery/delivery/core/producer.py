@@ -151,6 +151,7 @@ class ProducerCore:
         "_backlog_end",
         "_chunk_size",
         "_clock",
+        "_closed",
         "_counts",
         "_durable",
         "_fast_up_to",
@@ -215,6 +216,7 @@ class ProducerCore:
         self._counts = ProducerCounters()
         self._stuck = StuckCheck(producer_id, self.settings.stuck_after)
         self._durable = durable_state is not None
+        self._closed = False  # on_closed counted what it lost
         self._clock: Callable[[], int] = clock_millis or _no_clock
         if durable_state is not None:
             if clock_millis is None:
@@ -280,6 +282,22 @@ class ProducerCore:
 
     def snapshot(self) -> ProducerSnapshot:
         return ProducerSnapshot.of(self)
+
+    def on_closed(self) -> tuple[int, int] | None:
+        """The producer is closed for good. Without a durable queue what is still
+        unconfirmed is never resent: counted once (``lost_on_close``), and its first and
+        last seq_nr returned; None when nothing is lost (all confirmed, durable, or counted
+        by an earlier call)."""
+        if self._durable or self._closed:
+            return None
+        self._closed = True
+        pending = [*self.unconfirmed, *self.remaining_chunks]
+        first = pending[0].seq_nr if pending else self.confirmed_seq_nr + 1
+        last = max(self.current_seq_nr - 1, pending[-1].seq_nr if pending else 0)
+        if last < first:
+            return None
+        self._counts.lost_on_close += last - first + 1
+        return first, last
 
     def statistics(self) -> ProducerStats:
         return self._counts.statistics(self.current_seq_nr - self._start_seq_nr, self._stuck)

@@ -68,6 +68,9 @@ class ProducerStats:
             the last check (a gauge; 0 when the check is off).
         stuck_reports: times messages were found stuck after none were (each logged as a
             warning).
+        lost_on_close: messages still unconfirmed when the producer was closed without a
+            durable queue: never resent, so lost unless the consumer had them (each close
+            that lost some is logged as a warning naming their seq_nrs).
     """
 
     sent: int
@@ -79,16 +82,25 @@ class ProducerStats:
     stored: int
     stuck: int
     stuck_reports: int
+    lost_on_close: int
 
 
 class ProducerCounters:
     """The counters of a producer core (each described in `ProducerStats`)."""
 
-    __slots__ = ("acks", "rejected", "requests", "resend_requests", "resent", "stored")
+    __slots__ = (
+        "acks",
+        "lost_on_close",
+        "rejected",
+        "requests",
+        "resend_requests",
+        "resent",
+        "stored",
+    )
 
     def __init__(self) -> None:
         self.resent = self.requests = self.resend_requests = 0
-        self.acks = self.rejected = self.stored = 0
+        self.acks = self.rejected = self.stored = self.lost_on_close = 0
 
     def statistics(self, sent: int, stuck: StuckCheck) -> ProducerStats:
         """The counters with ``sent`` and ``stuck``'s gauge, as a frozen snapshot."""
@@ -102,6 +114,7 @@ class ProducerCounters:
             stored=self.stored,
             stuck=stuck.stuck,
             stuck_reports=stuck.reports,
+            lost_on_close=self.lost_on_close,
         )
 
 

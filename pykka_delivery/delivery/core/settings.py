@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pykka_delivery._fields import check_field_types
+
 __all__ = [
     "ACTOR_FLOW_CONTROL_WINDOW",
     "HANDLE_FLOW_CONTROL_WINDOW",
@@ -93,6 +95,7 @@ class ConsumerControllerSettings:
     redelivery_backoff_max: float = 10.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _require(
             isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= 1_000_000,
             f"max_attempts must be an int from 1 to 1000000, got {self.max_attempts!r}",
@@ -174,6 +177,7 @@ class ProducerControllerSettings:
     stuck_after: float = 60.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _require(
             0 <= self.stuck_after <= 86_400,
             f"stuck_after must be from 0 (off) to 86400 seconds, got {self.stuck_after}",
@@ -232,6 +236,7 @@ class WorkPullingSettings:
     producer_controller_settings: ProducerControllerSettings = ProducerControllerSettings()
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _require(
             isinstance(self.buffer_size, int) and self.buffer_size >= 1,
             f"buffer_size must be an int of at least 1, got {self.buffer_size!r}",

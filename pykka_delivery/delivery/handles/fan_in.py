@@ -59,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.messages import Delivery
@@ -108,6 +109,7 @@ class FanInSettings:
     close_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.consumer is not None and not isinstance(self.consumer, ConsumerControllerSettings):
             msg = (
                 f"FanInSettings.consumer must be a ConsumerControllerSettings or None, got "

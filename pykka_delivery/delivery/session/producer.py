@@ -425,6 +425,23 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
             return [last]  # one message per batch when chunking
         return list(range(before + 1, last + 1))
 
+    def close(self) -> None:
+        """`BaseProducerSession.close`, and a warning when that loses messages: without a
+        durable queue, what is unconfirmed now is never resent."""
+        super().close()
+        lost = self.core.on_closed()
+        if lost is not None:
+            first, last = lost
+            self._logger.warning(
+                "%s closed with %d unconfirmed message(s), seq_nr %d..%d: they are not resent "
+                "and are lost unless the consumer had them. Close after wait_confirmed(), or "
+                "give the producer a durable_queue",
+                self.owner,
+                last - first + 1,
+                first,
+                last,
+            )
+
     def no_demand_message(self) -> str:
         """A `WouldBlock`'s message."""
         return f"{self.owner} has no demand: the consumer's window is full"

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pykka_delivery import _sqlite
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.errors import ClosedError, DeliveryError
 from pykka_delivery.protocol.messages import Ack, Request
@@ -237,6 +238,7 @@ class SqliteDedupSettings:
     lock_timeout: float = 5.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _sqlite.check_synchronous(self.synchronous, _SYNCHRONOUS)
         if type(self.flush_every) is not int or self.flush_every < 0:
             msg = (

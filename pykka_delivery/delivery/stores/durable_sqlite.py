@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pykka_delivery import _sqlite
+from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.stores.durable_memory import check_batch, confirm_applies
 from pykka_delivery.delivery.stores.durable_queue import (
     DurableProducerState,
@@ -131,6 +132,7 @@ class SqliteQueueSettings:
     journal_size_limit: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _sqlite.check_synchronous(
             self.synchronous, _SYNCHRONOUS, name="SqliteQueueSettings.synchronous"
         )

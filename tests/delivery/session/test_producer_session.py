@@ -489,3 +489,55 @@ def test_release_cancels_the_registry_subscription(service: ManualTimerService) 
     registry.register("jobs", Probe("late worker"))
 
     assert not session.inbox
+
+
+# --- closing ------------------------------------------------------------------------------
+
+
+def test_closing_with_unconfirmed_messages_and_no_durable_queue_warns_naming_them_and_counts_them(
+    service: ManualTimerService, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression (issue 19, defect 2): closing lost the unconfirmed messages without a word.
+    session = session_of(service)
+    connected(session, Probe("consumer"))  # 1 confirmed
+    for n in range(2, 6):
+        assert session.try_send(f"m{n}") == n
+
+    with caplog.at_level(logging.WARNING, "pykka_delivery.producer"):
+        session.close()
+        session.close()  # a second close counts nothing more
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "Producer 'p-1' closed with 4 unconfirmed message(s), seq_nr 2..5: they are not "
+        "resent and are lost unless the consumer had them. Close after wait_confirmed(), or "
+        "give the producer a durable_queue"
+    ]
+    assert session.statistics().lost_on_close == 4
+
+
+def test_closing_with_everything_confirmed_warns_of_nothing(
+    service: ManualTimerService, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = session_of(service)
+    connected(session, Probe("consumer"))  # 1 sent, 1 confirmed
+
+    with caplog.at_level(logging.WARNING, "pykka_delivery.producer"):
+        session.close()
+
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert session.statistics().lost_on_close == 0
+
+
+def test_closing_with_unconfirmed_messages_in_a_durable_queue_loses_nothing(
+    service: ManualTimerService, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = session_of(service, durable_queue=MemoryDurableQueue())
+    connected(session, Probe("consumer"))
+    session.try_send("m2")
+
+    with caplog.at_level(logging.WARNING, "pykka_delivery.producer"):
+        session.close()
+
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert session.statistics().lost_on_close == 0
