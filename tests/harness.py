@@ -23,6 +23,7 @@ from pykka_delivery.delivery.core.consumer import ConsumerCore
 from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer, Stop
 from pykka_delivery.delivery.core.producer import ProducerCore
 from pykka_delivery.delivery.messages import SendNext
+from pykka_delivery.delivery.timers import TimerService
 
 
 class Probe:
@@ -256,3 +257,41 @@ class Link:
             queue.append(entry)
         if fate == "duplicate":
             queue.append(entry)
+
+
+class _ManualEntry:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+
+class ManualTimerService(TimerService):
+    """A `TimerService` whose timers fire only when a test says so (no thread): for
+    sessions and handles driven step by step. ``entries`` are the timers armed so far."""
+
+    def __init__(self) -> None:
+        self.entries: list[_ManualEntry] = []
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
+        entry = _ManualEntry(callback)
+        self.entries.append(entry)
+        return entry
+
+    def running(self) -> int:
+        """How many timers are armed and not cancelled."""
+        return sum(not e.cancelled for e in self.entries)
+
+    def fire_all(self) -> None:
+        """Fire the timers armed and not cancelled (each firing reaches its owner, which
+        re-arms the timer when it takes the firing in)."""
+        self._fire(cancelled=False)
+
+    def fire_cancelled(self) -> None:
+        """Fire the timers cancelled or replaced since: their firings were on their way."""
+        self._fire(cancelled=True)
+
+    def _fire(self, *, cancelled: bool) -> None:
+        due = [e for e in self.entries if e.cancelled == cancelled]
+        self.entries = [e for e in self.entries if e.cancelled != cancelled]
+        for entry in due:
+            entry.callback()

@@ -4,36 +4,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from pykka_delivery.delivery import ConsumerController, ConsumerControllerSettings
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.protocol.messages import Ack, Request, SequencedMessage
-
-
-class _Entry:
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-
-class ManualTimerService:
-    """A timer service that fires only when the test says so."""
-
-    def __init__(self) -> None:
-        self.entries: list[_Entry] = []
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> _Entry:
-        entry = _Entry(callback)
-        self.entries.append(entry)
-        return entry
-
-    def fire_all(self) -> None:
-        entries, self.entries = self.entries, []
-        for entry in entries:
-            if not entry.cancelled:
-                entry.callback()
+from tests.harness import ManualTimerService
 
 
 class BlockingConsumer:

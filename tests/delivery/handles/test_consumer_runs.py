@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +33,6 @@ from pykka_delivery import (
 from pykka_delivery.delivery.core.consumer import ConsumerCore
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.dead_letters import MemoryDeadLetters
-from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import WouldBlock
 from pykka_delivery.protocol.messages import (
     Ack,
@@ -44,7 +43,7 @@ from pykka_delivery.protocol.messages import (
     SequencedMessage,
     SequencedRun,
 )
-from tests.harness import Probe
+from tests.harness import ManualTimerService, Probe
 
 WAIT = 10.0
 SETTINGS = ConsumerControllerSettings(
@@ -56,35 +55,6 @@ SETTINGS = ConsumerControllerSettings(
     redelivery_backoff_max=0.5,
 )
 PID = "p-1"
-
-
-class _Entry:
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-
-class ManualTimerService(TimerService):
-    """A `TimerService` whose timers fire only in `fire_all` (no thread)."""
-
-    def __init__(self) -> None:
-        self.entries: list[_Entry] = []
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
-        entry = _Entry(callback)
-        self.entries.append(entry)
-        return entry
-
-    def fire_all(self) -> None:
-        """Fire every timer started and not cancelled (each firing lands in the
-        consumer's inbox; the consumer re-arms the timer when it processes it)."""
-        entries, self.entries = self.entries, []
-        for entry in entries:
-            if not entry.cancelled:
-                entry.callback()
-
-    def shutdown(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The consumer session, driven with no thread: what a test accepts waits in the inbox
 until it polls, what the session sends waits in the outbox until it is taken, and timers
-fire only when the test fires them (`ManualTimers`).
+fire only when the test fires them (`ManualTimerService`).
 
 * poll: the first message, the steady state (from a message or a run), nothing yet, a
   delivery outstanding;
@@ -35,7 +35,7 @@ from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.session.consumer import ConsumerSession
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterError, MemoryDeadLetters
 from pykka_delivery.delivery.stores.dedup import DedupStoreError, MemoryDedupStore
-from pykka_delivery.delivery.timers import Timers, TimerService
+from pykka_delivery.delivery.timers import Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 from pykka_delivery.protocol.messages import (
     Ack,
@@ -44,7 +44,7 @@ from pykka_delivery.protocol.messages import (
     SequencedMessage,
     SequencedRun,
 )
-from tests.harness import Probe
+from tests.harness import ManualTimerService, Probe
 
 PID = "p-1"
 SETTINGS = ConsumerControllerSettings(
@@ -60,35 +60,6 @@ SETTINGS = ConsumerControllerSettings(
 )
 
 
-class _Entry:
-    def __init__(self, key: str, callback: Callable[[], None]) -> None:
-        self.key = key
-        self.callback = callback
-        self.cancelled = False
-
-
-class ManualTimers(TimerService):
-    """A `TimerService` whose timers fire only in `fire` (no thread)."""
-
-    def __init__(self) -> None:
-        self.entries: list[_Entry] = []
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
-        entry = _Entry("", callback)
-        self.entries.append(entry)
-        return entry
-
-    def running(self) -> int:
-        return sum(not e.cancelled for e in self.entries)
-
-    def fire(self) -> None:
-        """Fire every timer started and not cancelled; each firing lands in the inbox."""
-        due = [e for e in self.entries if not e.cancelled]
-        self.entries = []
-        for entry in due:
-            entry.callback()
-
-
 class Ends:
     """Counts the session's calls of ``on_end``."""
 
@@ -100,7 +71,7 @@ class Ends:
 
 
 def session_of(
-    timers: ManualTimers,
+    timers: ManualTimerService,
     *,
     hand_out: bool = True,
     on_end: Callable[[], None] | None = None,
@@ -148,8 +119,8 @@ def open_stream(session: ConsumerSession, pc: Probe) -> None:
 
 
 @pytest.fixture
-def timers() -> ManualTimers:
-    return ManualTimers()
+def timers() -> ManualTimerService:
+    return ManualTimerService()
 
 
 @pytest.fixture
@@ -161,7 +132,7 @@ def pc() -> Probe:
 
 
 def test_poll_delivers_the_first_message_and_leaves_its_request_in_the_outbox(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     session.accept(seq(pc, 1, first=True))
@@ -173,7 +144,7 @@ def test_poll_delivers_the_first_message_and_leaves_its_request_in_the_outbox(
     assert session.take_outbox() == []
 
 
-def test_poll_returns_none_when_nothing_arrived(timers: ManualTimers) -> None:
+def test_poll_returns_none_when_nothing_arrived(timers: ManualTimerService) -> None:
     session = session_of(timers)
 
     assert session.poll() is None
@@ -182,7 +153,7 @@ def test_poll_returns_none_when_nothing_arrived(timers: ManualTimers) -> None:
 
 
 def test_poll_takes_the_steady_state_from_a_run_and_keeps_the_run_until_its_last(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     open_stream(session, pc)
@@ -201,7 +172,7 @@ def test_poll_takes_the_steady_state_from_a_run_and_keeps_the_run_until_its_last
 
 
 def test_poll_feeds_a_run_it_cannot_take_whole_one_message_at_a_time(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     open_stream(session, pc)
@@ -213,7 +184,9 @@ def test_poll_feeds_a_run_it_cannot_take_whole_one_message_at_a_time(
     assert not session.inbox
 
 
-def test_poll_refuses_while_a_delivery_is_outstanding(timers: ManualTimers, pc: Probe) -> None:
+def test_poll_refuses_while_a_delivery_is_outstanding(
+    timers: ManualTimerService, pc: Probe
+) -> None:
     session = session_of(timers)
     session.accept(seq(pc, 1, first=True))
     polled(session)
@@ -229,7 +202,7 @@ def test_poll_refuses_while_a_delivery_is_outstanding(timers: ManualTimers, pc: 
 
 
 def test_confirm_of_the_outstanding_delivery_lets_the_next_one_through(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     session.accept(seq(pc, 1, first=True))
@@ -244,7 +217,7 @@ def test_confirm_of_the_outstanding_delivery_lets_the_next_one_through(
 
 
 def test_a_second_confirm_of_a_delivery_does_not_confirm_the_next_one(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     open_stream(session, pc)
@@ -261,7 +234,7 @@ def test_a_second_confirm_of_a_delivery_does_not_confirm_the_next_one(
 
 
 def test_reject_without_dead_letters_is_refused_naming_the_shell_and_changes_nothing(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     session.accept(seq(pc, 1, first=True))
@@ -275,7 +248,7 @@ def test_reject_without_dead_letters_is_refused_naming_the_shell_and_changes_not
 
 
 def test_a_rejected_delivery_comes_again_when_its_timer_fires(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers, dead_letters=MemoryDeadLetters())
     session.accept(seq(pc, 1, first=True))
@@ -284,7 +257,7 @@ def test_a_rejected_delivery_comes_again_when_its_timer_fires(
 
     assert session.reject(delivery.confirm_to, "flaky") == []
     assert session.poll() is None
-    timers.fire()
+    timers.fire_all()
     again = polled(session)
 
     assert (again.message, again.seq_nr, again.attempt) == ("m1", 1, 2)
@@ -292,7 +265,7 @@ def test_a_rejected_delivery_comes_again_when_its_timer_fires(
 
 
 def test_an_answer_of_another_delivery_is_refused_and_changes_nothing(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers, dead_letters=MemoryDeadLetters())
     session.accept(seq(pc, 1, first=True))
@@ -308,7 +281,7 @@ def test_an_answer_of_another_delivery_is_refused_and_changes_nothing(
 
 
 def test_the_dedup_store_is_flushed_before_the_request_that_confirms_leaves(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     calls: list[tuple[str, object, int]] = []
     made: list[ConsumerSession] = []
@@ -334,7 +307,7 @@ def test_the_dedup_store_is_flushed_before_the_request_that_confirms_leaves(
 
 
 def test_a_failing_dedup_store_closes_the_session_and_drops_the_outbox(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     ends = Ends()
     store = MemoryDedupStore(fail_when=lambda op, _: op == "flush")
@@ -355,7 +328,7 @@ def test_a_failing_dedup_store_closes_the_session_and_drops_the_outbox(
 
 
 def test_a_failing_dead_letter_destination_closes_the_session_and_drops_the_outbox(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     ends = Ends()
     letters = MemoryDeadLetters(fail_when=lambda _: True)
@@ -364,7 +337,7 @@ def test_a_failing_dead_letter_destination_closes_the_session_and_drops_the_outb
     delivery = polled(session)
     session.take_outbox()
     session.reject(delivery.confirm_to, "bad")
-    timers.fire()
+    timers.fire_all()
     again = polled(session)
 
     with pytest.raises(DeadLetterError, match="injected failure"):
@@ -376,7 +349,7 @@ def test_a_failing_dead_letter_destination_closes_the_session_and_drops_the_outb
         session.check_open()
 
 
-def test_after_a_failure_run_carries_out_nothing(timers: ManualTimers, pc: Probe) -> None:
+def test_after_a_failure_run_carries_out_nothing(timers: ManualTimerService, pc: Probe) -> None:
     store = MemoryDedupStore(fail_when=lambda op, _: op == "flush")
     session = session_of(timers, dedup_store=store)
     session.accept(seq(pc, 1, first=True))
@@ -392,7 +365,7 @@ def test_after_a_failure_run_carries_out_nothing(timers: ManualTimers, pc: Probe
 
 
 def test_close_leaves_the_ack_of_what_is_confirmed_in_the_outbox_and_stops_the_timers(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = session_of(timers)
     open_stream(session, pc)
@@ -405,7 +378,7 @@ def test_close_leaves_the_ack_of_what_is_confirmed_in_the_outbox_and_stops_the_t
         session.poll()
 
 
-def test_close_a_second_time_does_nothing(timers: ManualTimers, pc: Probe) -> None:
+def test_close_a_second_time_does_nothing(timers: ManualTimerService, pc: Probe) -> None:
     session = session_of(timers)
     open_stream(session, pc)
     session.close()
@@ -417,7 +390,7 @@ def test_close_a_second_time_does_nothing(timers: ManualTimers, pc: Probe) -> No
 
 
 def test_deliver_then_stop_takes_what_arrived_delivers_it_then_stops(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     ends = Ends()
     session = session_of(timers, on_end=ends)
@@ -436,7 +409,7 @@ def test_deliver_then_stop_takes_what_arrived_delivers_it_then_stops(
 
 
 def test_a_session_that_does_not_hand_out_sends_its_deliveries_to_the_consumer(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     consumer = Probe("consumer")
     session = session_of(timers, hand_out=False, confirm_to=Probe("cc"))
@@ -452,7 +425,7 @@ def test_a_session_that_does_not_hand_out_sends_its_deliveries_to_the_consumer(
 
 
 def test_a_message_the_session_cannot_handle_is_logged_and_dropped(
-    timers: ManualTimers, pc: Probe, caplog: pytest.LogCaptureFixture
+    timers: ManualTimerService, pc: Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
     session = session_of(timers)
     session.accept("not a delivery message")
@@ -465,7 +438,7 @@ def test_a_message_the_session_cannot_handle_is_logged_and_dropped(
     assert delivery.seq_nr == 1
 
 
-def test_a_stale_timer_firing_is_dropped(timers: ManualTimers, pc: Probe) -> None:
+def test_a_stale_timer_firing_is_dropped(timers: ManualTimerService, pc: Probe) -> None:
     session = session_of(timers)
     stale = timers.entries[0]  # the retry timer of start(), restarted since
     open_stream(session, pc)
@@ -545,7 +518,7 @@ class Both:
             SELF,
             HYPOTHESIS,
             name="Consumer",
-            timers=Timers(lambda _: None, ManualTimers()),  # the test fires the core's timers
+            timers=Timers(lambda _: None, ManualTimerService()),  # the test fires the core's timers
             new_confirm_to=lambda: Probe("confirm_to"),
             dedup_store=None if positions is None else MemoryDedupStore(positions),
             dead_letters=MemoryDeadLetters(),
@@ -672,7 +645,7 @@ def test_poll_delivers_and_sends_as_the_general_path_does(
 # --- the default window --------------------------------------------------------------
 
 
-def default_window_session(timers: ManualTimers, *, hand_out: bool) -> ConsumerSession:
+def default_window_session(timers: ManualTimerService, *, hand_out: bool) -> ConsumerSession:
     inbox: deque[Any] = deque()
     session = ConsumerSession(
         Probe("self"),
@@ -688,7 +661,7 @@ def default_window_session(timers: ManualTimers, *, hand_out: bool) -> ConsumerS
 
 
 def test_a_handles_session_without_a_window_setting_grants_the_handles_default_of_500(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = default_window_session(timers, hand_out=True)
     session.accept(seq(pc, 1, first=True))
@@ -700,7 +673,7 @@ def test_a_handles_session_without_a_window_setting_grants_the_handles_default_o
 
 
 def test_an_actors_session_without_a_window_setting_grants_akkas_default_of_50(
-    timers: ManualTimers, pc: Probe
+    timers: ManualTimerService, pc: Probe
 ) -> None:
     session = default_window_session(timers, hand_out=False)
     session.run(session.core.on_start(Probe("consumer")))
@@ -711,7 +684,7 @@ def test_an_actors_session_without_a_window_setting_grants_akkas_default_of_50(
     assert ACTOR_FLOW_CONTROL_WINDOW == 50
 
 
-def test_a_window_setting_wins_over_either_default(timers: ManualTimers, pc: Probe) -> None:
+def test_a_window_setting_wins_over_either_default(timers: ManualTimerService, pc: Probe) -> None:
     for hand_out in (True, False):
         session = session_of(timers, hand_out=hand_out, confirm_to=Probe("cc"))
         if not hand_out:

@@ -30,10 +30,10 @@ from pykka_delivery.delivery.session.producer import Ignore, ProducerSession, lo
 from pykka_delivery.delivery.session.work_pulling import CHECK_WORKERS, WorkPullingSession
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
 from pykka_delivery.delivery.stores.durable_queue import DurableQueueError
-from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
+from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 from pykka_delivery.protocol.messages import RegisterConsumer, Request, SequencedMessage
-from tests.harness import Probe
+from tests.harness import ManualTimerService, Probe
 
 PID = "p-1"
 NO_WAIT = ProducerControllerSettings(
@@ -41,38 +41,6 @@ NO_WAIT = ProducerControllerSettings(
     durable_queue_retry_backoff=0.0,
     durable_queue_retry_backoff_max=0.0,
 )
-
-
-class _Entry:
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-
-class ManualTimerService(TimerService):
-    """A `TimerService` whose timers fire only in `fire_all` (no thread)."""
-
-    def __init__(self) -> None:
-        self.entries: list[_Entry] = []
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
-        entry = _Entry(callback)
-        self.entries.append(entry)
-        return entry
-
-    def fire_all(self) -> None:
-        """Fire the timers started and not cancelled; each firing lands in the inbox."""
-        self._fire(cancelled=False)
-
-    def fire_cancelled(self) -> None:
-        """Fire the timers cancelled or replaced since: their firings were on their way."""
-        self._fire(cancelled=True)
-
-    def _fire(self, *, cancelled: bool) -> None:
-        due = [e for e in self.entries if e.cancelled == cancelled]
-        self.entries = [e for e in self.entries if e.cancelled != cancelled]
-        for entry in due:
-            entry.callback()
 
 
 class Failures:
