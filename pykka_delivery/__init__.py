@@ -6,6 +6,7 @@ with `Producer` / `Consumer` (handles for plain code) or `ProducerController` /
 """
 
 import logging
+from importlib.metadata import PackageNotFoundError, version
 
 from pykka_delivery.delivery import (
     CONFIRMED,
@@ -81,6 +82,13 @@ __all__ = [
     "WorkPullingProducerController",
     "WorkPullingSettings",
     "WouldBlock",
+    "__version__",
 ]
+
+try:
+    __version__ = version("pykka-delivery")
+    """The installed distribution's version (``pyproject.toml``)."""
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 logging.getLogger("pykka_delivery").addHandler(logging.NullHandler())

@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 import pykka
+from google.protobuf.message import DecodeError
 
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.codec import Codec
@@ -71,9 +72,25 @@ logger = logging.getLogger("pykka_delivery.transport")
 _Frame = transport_pb2.Frame
 
 
-class _Servicer(transport_pb2_grpc.NodeServicer):
+_LINK_SERVICE = "pykka_delivery.transport.v1.Node"
+
+
+class _Servicer:
+    """The server side of ``Node.Link``. Frames arrive as bytes and are parsed here, not by
+    gRPC's deserializer: a frame that does not parse then ends the link with
+    ``INVALID_ARGUMENT`` and is counted (``malformed``), where gRPC would answer
+    ``UNKNOWN`` naming a Python exception."""
+
     def __init__(self, node: Node) -> None:
         self.node = node
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        link = grpc.stream_stream_rpc_method_handler(
+            self.Link,
+            request_deserializer=bytes,  # parsed by _read
+            response_serializer=transport_pb2.Frame.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(_LINK_SERVICE, {"Link": link})
 
     async def Link(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
@@ -85,8 +102,8 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing or wrong token: give the node the cluster's NodeSettings.token",
             )
-        first = await context.read()
-        if first is grpc.aio.EOF or not first.HasField("hello") or not first.hello.node:
+        first = await self._read(context)
+        if first is None or not first.HasField("hello") or not first.hello.node:
             node._counters.rejected_links += 1
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first frame of a link must be a Hello"
@@ -97,12 +114,33 @@ class _Servicer(transport_pb2_grpc.NodeServicer):
         node._deliver(first)
         try:
             while stream.alive:
-                frame = await context.read()
-                if frame is grpc.aio.EOF:
+                frame = await self._read(context)
+                if frame is None:
                     break
                 node._deliver(frame)
         finally:
             peer.detach(stream)
+
+    async def _read(
+        self, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> transport_pb2.Frame | None:
+        """The next frame of the link, None at its end. A frame that does not parse is
+        counted and ends the link with ``INVALID_ARGUMENT``."""
+        data = await context.read()
+        if data is grpc.aio.EOF:
+            return None
+        try:
+            return transport_pb2.Frame.FromString(data)
+        except DecodeError:
+            node = self.node
+            node._counters.malformed += 1
+            logger.warning("A link frame of %d bytes does not parse: link closed", len(data))
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a frame of the link does not parse as a pykka-delivery transport Frame "
+                "(another protocol, or a corrupted stream)",
+            )
+            raise  # abort raises; this is for the type checker
 
 
 def _batch_taker(ref: Ref) -> tuple[Callable[[list[Any]], None], bool] | None:
@@ -444,10 +482,8 @@ class Node:
         self._loop_thread_id = threading.get_ident()
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
-        transport_pb2_grpc.add_NodeServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
-        port, _ = await start_server(
-            server, f"{s.host}:{s.port}", s.tls, ["pykka_delivery.transport.v1.Node"]
-        )
+        server.add_generic_rpc_handlers((_Servicer(self).handler(),))
+        port, _ = await start_server(server, f"{s.host}:{s.port}", s.tls, [_LINK_SERVICE])
         self._server = server
         self._running = True
         self.bound_address = f"{s.host}:{port}"

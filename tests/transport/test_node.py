@@ -410,6 +410,32 @@ def test_garbage_on_the_link_is_refused_and_the_node_keeps_serving(nodes: list[N
     assert reader.wait() == list(range(10))
 
 
+def test_a_frame_that_does_not_parse_ends_its_link_with_invalid_argument_and_is_counted(
+    nodes: list[Node],
+) -> None:
+    # Regression (issue 19, defect 4): gRPC's deserializer failed before the node saw the
+    # frame: the link ended with UNKNOWN naming a Python exception, and malformed stayed 0.
+    a = start(nodes)
+    hello = transport_pb2.Frame()
+    hello.hello.node = "127.0.0.1:9"
+    with grpc.insecure_channel(a.address) as channel:
+        link = channel.stream_stream(
+            "/pykka_delivery.transport.v1.Node/Link",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        for frames in ([b"\xff\xfe not a frame"], [hello.SerializeToString(), b"\xff\xff"]):
+            with pytest.raises(grpc.RpcError) as refused:
+                list(link(iter(frames), timeout=5))
+
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = refused.value.details() or ""
+            assert "does not parse" in details
+            assert "Error" not in details  # no Python exception's name
+
+    assert a.statistics().malformed == 2
+
+
 def test_malformed_envelopes_and_unknown_targets_are_counted_not_fatal(
     nodes: list[Node],
 ) -> None:
