@@ -46,8 +46,12 @@ from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
 from pykka_delivery.protocol import coordinator_pb2 as pb
-from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
-from pykka_delivery.transport.grpc_setup import bearer_token_ok, keepalive_options, start_server
+from pykka_delivery.transport.grpc_setup import (
+    bearer_token_ok,
+    keepalive_options,
+    read_or_refuse,
+    start_server,
+)
 
 __all__ = [
     "SERVICE_NAME",
@@ -70,6 +74,8 @@ class CoordinatorServerStats:
         streams_closed: streams that ended after a goodbye (consumers removed).
         streams_lost: streams that ended any other way (consumers kept, disconnected).
         rejected: streams and queries refused (authentication, no hello first).
+        malformed: streams ended because a message on them did not parse (each also
+            counted in ``rejected``).
         requests: register / unregister / activate requests answered.
         updates_sent: consumer updates written to streams.
     """
@@ -78,6 +84,7 @@ class CoordinatorServerStats:
     streams_closed: int
     streams_lost: int
     rejected: int
+    malformed: int
     requests: int
     updates_sent: int
 
@@ -88,6 +95,7 @@ class _Counters:
     streams_closed: int = 0
     streams_lost: int = 0
     rejected: int = 0
+    malformed: int = 0
     requests: int = 0
     updates_sent: int = 0
 
@@ -122,9 +130,47 @@ class _Unavailable(Exception):
     """The coordinator actor did not answer (stopped, or slower than request_timeout)."""
 
 
-class _Servicer(pb_grpc.CoordinatorServicer):
+async def _read(
+    server: CoordinatorServer, context: grpc.aio.ServicerContext[Any, Any]
+) -> pb.ClientMessage | None:
+    """The next message of a Connect stream, None at its end; one that does not parse is
+    counted and ends the stream with ``INVALID_ARGUMENT`` (`read_or_refuse`)."""
+
+    def malformed() -> None:
+        server._counters.rejected += 1
+        server._counters.malformed += 1
+
+    return await read_or_refuse(
+        context, pb.ClientMessage.FromString, malformed, "a coordinator ClientMessage"
+    )
+
+
+class _Servicer:
+    """The coordinator's gRPC methods. A Connect stream's messages arrive as bytes and are
+    parsed by `_read`; the queries' requests are parsed by gRPC."""
+
     def __init__(self, server: CoordinatorServer) -> None:
         self.server = server
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                self.Connect,
+                request_deserializer=bytes,  # parsed by _read
+                response_serializer=pb.ServerMessage.SerializeToString,
+            ),
+            "ListGroups": grpc.unary_unary_rpc_method_handler(
+                self.ListGroups,
+                request_deserializer=pb.ListGroupsRequest.FromString,
+                response_serializer=pb.ListGroupsReply.SerializeToString,
+            ),
+            "ListStreams": grpc.unary_unary_rpc_method_handler(
+                self.ListStreams,
+                request_deserializer=pb.ListStreamsRequest.FromString,
+                response_serializer=pb.ListStreamsReply.SerializeToString,
+            ),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
     async def Connect(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
@@ -135,7 +181,7 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         # a refusal would hide the refusal's status behind an INTERNAL one (grpcio 1.85).
         await context.send_initial_metadata(())
         try:
-            first = await asyncio.wait_for(context.read(), server.settings.hello_timeout)
+            first = await asyncio.wait_for(_read(server, context), server.settings.hello_timeout)
         except TimeoutError:
             server._counters.rejected += 1
             await context.abort(
@@ -143,9 +189,9 @@ class _Servicer(pb_grpc.CoordinatorServicer):
                 f"no hello within {server.settings.hello_timeout} s "
                 "(CoordinatorServerSettings.hello_timeout): send Hello first",
             )
-        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
+        if first is None or first.WhichOneof("body") != "hello":
             server._counters.rejected += 1
-            got = "the end of the stream" if first is grpc.aio.EOF else first.WhichOneof("body")
+            got = "the end of the stream" if first is None else first.WhichOneof("body")
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the first message of a Connect stream must be a hello, got {got}: "
@@ -229,8 +275,8 @@ class _Stream:
             logger.info("Connection %r (node %s) attached", self.connection, self.node)
             self.outbox.put_nowait(wire.reply_message(hello_request_id, OK))
             while True:
-                message = await context.read()
-                if message is grpc.aio.EOF:
+                message = await _read(server, context)
+                if message is None:
                     break
                 kind = message.WhichOneof("body")
                 if kind == "goodbye":
@@ -409,7 +455,7 @@ class CoordinatorServer:
         )
         server = grpc.aio.server(options=options)
         self._server = server  # stopped by `_stop` even if binding it fails
-        pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
+        server.add_generic_rpc_handlers((_Servicer(self).handler(),))
         port, self._health = await start_server(server, f"{s.host}:{s.port}", s.tls, [SERVICE_NAME])
         return port
 

@@ -7,10 +7,12 @@ service and client, so that they agree on liveness and security.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -20,9 +22,14 @@ __all__ = [
     "bearer_token_ok",
     "keepalive_options",
     "open_channel",
+    "read_or_refuse",
     "reconnect_options",
     "start_server",
 ]
+
+logger = logging.getLogger("pykka_delivery.transport")
+
+_M = TypeVar("_M")
 
 Options = list[tuple[str, Any]]
 
@@ -119,3 +126,33 @@ def bearer_token_ok(metadata: Iterable[tuple[str, Any]] | None, token: str | Non
             got = value.encode() if isinstance(value, str) else value
             return hmac.compare_digest(got, expected)
     return False
+
+
+async def read_or_refuse(
+    context: grpc.aio.ServicerContext[Any, Any],
+    parse: Callable[[bytes], _M],
+    on_malformed: Callable[[], None],
+    what: str,
+) -> _M | None:
+    """The next message of a stream whose handler takes bytes (``request_deserializer=
+    bytes``), parsed with ``parse``; None at the stream's end.
+
+    The handler parses instead of gRPC so that a message that does not parse is refused
+    in our words: counted (``on_malformed``), logged, and the call ended with
+    ``INVALID_ARGUMENT``, where gRPC's own deserializer answers ``UNKNOWN`` naming a
+    Python exception and the server never hears of it.
+    """
+    data = await context.read()
+    if data is grpc.aio.EOF:
+        return None
+    try:
+        return parse(data)
+    except DecodeError:
+        on_malformed()
+        logger.warning("A message of %d bytes does not parse as %s: stream ended", len(data), what)
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"a message of the stream does not parse as {what} (another protocol, or a "
+            "corrupted stream)",
+        )
+        raise  # context.abort raised already

@@ -40,7 +40,6 @@ from typing import Any
 
 import grpc
 import pykka
-from google.protobuf.message import DecodeError
 
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.codec import Codec
@@ -58,6 +57,7 @@ from pykka_delivery.transport.grpc_setup import (
     bearer_token_ok,
     keepalive_options,
     open_channel,
+    read_or_refuse,
     reconnect_options,
     start_server,
 )
@@ -76,10 +76,9 @@ _LINK_SERVICE = "pykka_delivery.transport.v1.Node"
 
 
 class _Servicer:
-    """The server side of ``Node.Link``. Frames arrive as bytes and are parsed here, not by
-    gRPC's deserializer: a frame that does not parse then ends the link with
-    ``INVALID_ARGUMENT`` and is counted (``malformed``), where gRPC would answer
-    ``UNKNOWN`` naming a Python exception."""
+    """The server side of ``Node.Link``. Frames arrive as bytes and are parsed here
+    (`read_or_refuse`): one that does not parse ends the link with ``INVALID_ARGUMENT`` and
+    is counted (``malformed``)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -121,26 +120,14 @@ class _Servicer:
         finally:
             peer.detach(stream)
 
-    async def _read(
-        self, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> transport_pb2.Frame | None:
-        """The next frame of the link, None at its end. A frame that does not parse is
-        counted and ends the link with ``INVALID_ARGUMENT``."""
-        data = await context.read()
-        if data is grpc.aio.EOF:
-            return None
-        try:
-            return transport_pb2.Frame.FromString(data)
-        except DecodeError:
-            node = self.node
-            node._counters.malformed += 1
-            logger.warning("A link frame of %d bytes does not parse: link closed", len(data))
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a frame of the link does not parse as a pykka-delivery transport Frame "
-                "(another protocol, or a corrupted stream)",
-            )
-            raise  # abort raises; this is for the type checker
+    def _read(self, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """The next frame of the link (a coroutine), None at its end."""
+        return read_or_refuse(
+            context, transport_pb2.Frame.FromString, self._malformed, "a transport Frame"
+        )
+
+    def _malformed(self) -> None:
+        self.node._counters.malformed += 1
 
 
 def _batch_taker(ref: Ref) -> tuple[Callable[[list[Any]], None], bool] | None:

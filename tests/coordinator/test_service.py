@@ -467,6 +467,28 @@ def test_a_stream_whose_first_message_is_not_hello_is_refused(server: Coordinato
     assert "must be a hello" in (refused.value.details() or "")
 
 
+def test_a_connect_message_that_does_not_parse_ends_the_stream_with_invalid_argument(
+    server: CoordinatorServer,
+) -> None:
+    # Regression (issue 19, defect 4): gRPC's deserializer failed before the server saw the
+    # message: the stream ended with UNKNOWN naming a Python exception, and nothing counted.
+    with grpc.insecure_channel(server.address) as channel:
+        connect = channel.stream_stream(
+            "/pykka_delivery.coordinator.v1.Coordinator/Connect",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            list(connect(iter([b"\xff\xfe not a message"]), timeout=WAIT))
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.value.details() or ""
+    assert "does not parse as a coordinator ClientMessage" in details
+    assert "Error" not in details  # no Python exception's name
+    stats = server.statistics()
+    assert (stats.malformed, stats.rejected) == (1, 1)
+
+
 def test_an_invalid_request_is_refused_and_the_stream_goes_on(server: CoordinatorServer) -> None:
     requests: queue.Queue[pb.ClientMessage | None] = queue.Queue()
     bad = pb.Register(group=pb.GroupKey(namespace="", stream="b", name="c"), subscription_id=1)
