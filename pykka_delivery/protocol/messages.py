@@ -36,6 +36,7 @@ __all__ = [
     "PeerLinkChanged",
     "Ref",
     "RegisterConsumer",
+    "ReportsLinkProblem",
     "Request",
     "Resend",
     "SequencedMessage",
@@ -127,6 +128,16 @@ class TakesRuns(Ref, Protocol):
 
     def tell_runs(self, messages: list[Any]) -> None:
         """Like ``tell_many``, but ``messages`` may hold `SequencedRun` objects."""
+        ...
+
+
+@runtime_checkable
+class ReportsLinkProblem(Ref, Protocol):
+    """A ref behind a link that can say why the link is down (a transport's remote ref):
+    what a handle's timeout names, so a wrong address or token shows as such."""
+
+    def link_problem(self) -> str | None:
+        """A sentence on why messages are not getting through, or None."""
         ...
 
 

@@ -65,6 +65,10 @@ class Peer:
         self.streams: list[Stream] = []
         self.linked = asyncio.Event()
         self.dialling = False
+        # Why the last attempt to link failed, None once a frame came from the peer (a
+        # refused link is attached for a moment, so attaching proves nothing): a handle's
+        # timeout names it (Node.link_problem).
+        self.problem: str | None = None
         self.channel: grpc.aio.Channel | None = None
 
     def enqueue(self, target: str, message: Any) -> None:

@@ -108,6 +108,7 @@ class _Servicer:
                 grpc.StatusCode.INVALID_ARGUMENT, "the first frame of a link must be a Hello"
             )
         peer = node._peer(first.hello.node)
+        peer.problem = None  # the peer reached us: the link works
         stream = Stream(context.write, lambda: None)
         peer.attach(stream)
         node._deliver(first)
@@ -321,6 +322,13 @@ class Node:
         peer = self._peers.get(peer_address)
         return peer is not None and bool(peer.streams)
 
+    def link_problem(self, peer_address: str) -> str | None:
+        """Why there is no working link to ``peer_address``: what the last attempt to
+        open one met (no answer, refused, a wrong token), or None (a frame came from that
+        peer since, or no attempt failed)."""
+        peer = self._peers.get(peer_address)
+        return None if peer is None else peer.problem
+
     # --- sending ---------------------------------------------------------------------
 
     def _peer(self, address: str) -> Peer:
@@ -496,7 +504,15 @@ class Node:
             hello = _Frame()
             hello.hello.node = self.address
             await call.write(hello)
-        except Exception as error:  # unreachable, refused, timed out
+        except TimeoutError:
+            peer.problem = (
+                f"no answer within connect_timeout ({s.connect_timeout} s): is a node "
+                "listening at that address?"
+            )
+            logger.debug("Cannot link to %s: %s", peer.address, peer.problem)
+            return False
+        except Exception as error:  # refused, or the call failed at once
+            peer.problem = f"cannot open a link: {type(error).__name__}: {error}"
             logger.debug("Cannot link to %s: %s", peer.address, error)
             return False
         stream = Stream(call.write, call.cancel, call.done_writing)
@@ -510,9 +526,11 @@ class Node:
                 frame = await call.read()
                 if frame is grpc.aio.EOF:
                     break
+                peer.problem = None  # the link works
                 self._deliver(frame)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                peer.problem = f"refused (UNAUTHENTICATED): {error.details()}"
                 logger.error("Link to %s refused: %s", peer.address, error.details())
             else:
                 logger.info("Link to %s lost: %s", peer.address, error.code().name)

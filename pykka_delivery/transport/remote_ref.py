@@ -47,6 +47,14 @@ class RemoteRef:
     def __hash__(self) -> int:
         return hash(self.path)
 
+    def link_problem(self) -> str | None:
+        """Why messages to this address are not getting through, as far as this node
+        knows (`ReportsLinkProblem`): None while the link works or was never tried."""
+        if self.node_address == self._node.address:
+            return None
+        problem = self._node.link_problem(self.node_address)
+        return None if problem is None else f"the link to {self.node_address} is down: {problem}"
+
     def tell(self, message: Any) -> None:
         peer = self._peer
         if peer is None:

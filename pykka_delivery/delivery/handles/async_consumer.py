@@ -36,7 +36,6 @@ from pykka_delivery.delivery.messages import CONFIRMED, Delivery, Rejected
 from pykka_delivery.delivery.session.consumer import (
     ConsumerSession,
     Sends,
-    nothing_delivered,
     nothing_ready,
 )
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterDestination
@@ -347,7 +346,7 @@ class AsyncConsumer:
         if deadline is not None:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise nothing_delivered(timeout)
+                raise self._session.nothing_delivered(timeout)
         waiter = _Waiter(loop.create_future())
         self._waiter = waiter
         try:
@@ -360,7 +359,7 @@ class AsyncConsumer:
                     async with asyncio.timeout(remaining):
                         await waiter.future
                 except TimeoutError:
-                    raise nothing_delivered(timeout) from None
+                    raise self._session.nothing_delivered(timeout) from None
         finally:
             self._waiter = None
         self._session.check_open()

@@ -24,7 +24,6 @@ from pykka_delivery.delivery.registry import ServiceRegistry, default_registry
 from pykka_delivery.delivery.session.consumer import (
     ConsumerSession,
     Sends,
-    nothing_delivered,
     nothing_ready,
 )
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterDestination
@@ -343,7 +342,7 @@ class Consumer:
             else:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise nothing_delivered(timeout)
+                    raise self._session.nothing_delivered(timeout)
                 self._arrived.wait(remaining)
         finally:
             self._waiting = False

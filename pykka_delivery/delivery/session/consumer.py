@@ -60,10 +60,16 @@ from pykka_delivery.delivery.stores.dead_letters import (
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError, DedupWriter
 from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
-from pykka_delivery.protocol.messages import PeerLinkChanged, Ref, SequencedMessage, SequencedRun
+from pykka_delivery.protocol.messages import (
+    PeerLinkChanged,
+    Ref,
+    ReportsLinkProblem,
+    SequencedMessage,
+    SequencedRun,
+)
 from pykka_delivery.protocol.serialization import Serialization
 
-__all__ = ["ConsumerSession", "Sends", "nothing_delivered", "nothing_ready"]
+__all__ = ["ConsumerSession", "Sends", "link_problem", "nothing_delivered", "nothing_ready"]
 
 logger = logging.getLogger("pykka_delivery.consumer")
 
@@ -400,6 +406,13 @@ class ConsumerSession:
     def is_stopped(self) -> bool:
         return self.core.is_stopped
 
+    def nothing_delivered(self, timeout: float | None) -> DeliveryTimeout:
+        """The `DeliveryTimeout` of a ``receive`` that got nothing within ``timeout``,
+        naming why the link to the producer side is down when its ref can say."""
+        core = self.core
+        peer = core.registering if core.registering is not None else core.producer_controller
+        return nothing_delivered(timeout, link_problem(peer))
+
     def snapshot(self) -> ConsumerSnapshot:
         return self.core.snapshot()
 
@@ -470,9 +483,17 @@ class ConsumerSession:
             self._on_end()
 
 
-def nothing_delivered(timeout: float | None) -> DeliveryTimeout:
-    """What a handle's ``receive(timeout)`` raises when nothing came in time."""
+def link_problem(ref: object) -> str | None:
+    """Why the link behind ``ref`` is down, when ``ref`` can say (`ReportsLinkProblem`)."""
+    return ref.link_problem() if isinstance(ref, ReportsLinkProblem) else None
+
+
+def nothing_delivered(timeout: float | None, problem: str | None = None) -> DeliveryTimeout:
+    """What a handle's ``receive(timeout)`` raises when nothing came in time, with why its
+    producer side's link is down if that is known."""
     msg = f"Consumer: nothing delivered within {timeout} s"
+    if problem is not None:
+        msg = f"{msg}; {problem}"
     return DeliveryTimeout(msg)
 
 

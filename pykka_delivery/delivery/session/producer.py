@@ -49,7 +49,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
 )
 from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
-from pykka_delivery.protocol.messages import Ref
+from pykka_delivery.protocol.messages import Ref, ReportsLinkProblem
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = [
@@ -215,15 +215,25 @@ class BaseProducerSession(Generic[C]):
         return DurableQueueError(msg)
 
     def timeout_message(self, what: str, timeout: float | None) -> str:
-        """A `DeliveryTimeout`'s message: no ``what`` came within ``timeout`` seconds."""
-        return f"{self.owner}: no {what} within {timeout} s"
+        """A `DeliveryTimeout`'s message: no ``what`` came within ``timeout`` seconds, and
+        why the link to the consumer side is down when its ref can say."""
+        msg = f"{self.owner}: no {what} within {timeout} s"
+        problem = self.link_problem()
+        return msg if problem is None else f"{msg}; {problem}"
+
+    def link_problem(self) -> str | None:
+        """Why the link to the consumer side is down, if known (the point-to-point session
+        asks its consumer's ref; a work-pulling one has many, and says nothing)."""
+        return None
 
     def partly_sent_message(self, timeout: float | None, sent: int, total: int) -> str:
         """A `DeliveryTimeout`'s message when ``sent`` of ``total`` messages were sent."""
-        return (
+        msg = (
             f"{self.owner}: no {self.DEMAND} within {timeout} s: the first {sent} of {total} "
             "messages were sent"
         )
+        problem = self.link_problem()
+        return msg if problem is None else f"{msg}; {problem}"
 
     # --- what arrives --------------------------------------------------------------------
 
@@ -441,6 +451,12 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
                 first,
                 last,
             )
+
+    def link_problem(self) -> str | None:
+        consumer = self.core.consumer
+        if isinstance(consumer, ReportsLinkProblem):
+            return consumer.link_problem()
+        return None
 
     def no_demand_message(self) -> str:
         """A `WouldBlock`'s message."""
