@@ -180,6 +180,7 @@ class Peer:
             await stream.write(frame)
         except Exception as error:  # the link broke under us; the protocol will resend
             counters.lost_in_flight += messages
+            self.failed(error)
             logger.info("Link to %s broke while writing: %s", self.address, error)
             self.detach(stream)
             return
@@ -196,6 +197,20 @@ class Peer:
             if await self.node._dial(self):
                 return
             await asyncio.sleep(next(delays))
+
+    def failed(self, error: BaseException) -> None:
+        """Remember why the link to this peer failed (``problem``). A gRPC status says
+        most (a refusal for a wrong token, say) and always wins; anything else is kept only
+        when nothing better is known (a write to a call the peer refused raises its own
+        error after the reader saw the refusal)."""
+        if isinstance(error, grpc.aio.AioRpcError):
+            code = error.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                self.problem = f"refused (UNAUTHENTICATED): {error.details()}"
+            else:
+                self.problem = f"the link failed ({code.name}): {error.details()}"
+        elif self.problem is None:
+            self.problem = f"the link failed: {type(error).__name__}: {error}"
 
     def attach(self, stream: Stream) -> None:
         first = not self.streams

@@ -101,6 +101,9 @@ class _Servicer:
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing or wrong token: give the node the cluster's NodeSettings.token",
             )
+        # Tells the dialler its link is accepted: it writes only then, since a write racing
+        # a refusal would hide the refusal's status behind an INTERNAL one.
+        await context.send_initial_metadata(())
         first = await self._read(context)
         if first is None or not first.HasField("hello") or not first.hello.node:
             node._counters.rejected_links += 1
@@ -129,6 +132,13 @@ class _Servicer:
 
     def _malformed(self) -> None:
         self.node._counters.malformed += 1
+
+
+async def _ended_call_error(call: Any) -> grpc.aio.AioRpcError:
+    """The status of a call that ended before it was used, as the error it stands for."""
+    return grpc.aio.AioRpcError(
+        await call.code(), grpc.aio.Metadata(), grpc.aio.Metadata(), await call.details()
+    )
 
 
 def _batch_taker(ref: Ref) -> tuple[Callable[[list[Any]], None], bool] | None:
@@ -501,6 +511,12 @@ class Node:
             await asyncio.wait_for(peer.channel.channel_ready(), s.connect_timeout)
             stub = transport_pb2_grpc.NodeStub(peer.channel)  # type: ignore[no-untyped-call]
             call = stub.Link(metadata=self._metadata)
+            # Accepted (or refused) before the first write: see _Servicer.Link.
+            await asyncio.wait_for(call.initial_metadata(), s.connect_timeout)
+            if call.done():
+                peer.failed(await _ended_call_error(call))
+                logger.debug("Cannot link to %s: %s", peer.address, peer.problem)
+                return False
             hello = _Frame()
             hello.hello.node = self.address
             await call.write(hello)
@@ -512,7 +528,7 @@ class Node:
             logger.debug("Cannot link to %s: %s", peer.address, peer.problem)
             return False
         except Exception as error:  # refused, or the call failed at once
-            peer.problem = f"cannot open a link: {type(error).__name__}: {error}"
+            peer.failed(error)
             logger.debug("Cannot link to %s: %s", peer.address, error)
             return False
         stream = Stream(call.write, call.cancel, call.done_writing)
@@ -529,8 +545,8 @@ class Node:
                 peer.problem = None  # the link works
                 self._deliver(frame)
         except grpc.aio.AioRpcError as error:
+            peer.failed(error)
             if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-                peer.problem = f"refused (UNAUTHENTICATED): {error.details()}"
                 logger.error("Link to %s refused: %s", peer.address, error.details())
             else:
                 logger.info("Link to %s lost: %s", peer.address, error.code().name)
