@@ -47,6 +47,7 @@ __all__ = [
     "frozen_factory",
     "local_only",
     "new_sequenced_message",
+    "with_link_problem",
 ]
 
 
@@ -139,6 +140,13 @@ class ReportsLinkProblem(Ref, Protocol):
     def link_problem(self) -> str | None:
         """A sentence on why messages are not getting through, or None."""
         ...
+
+
+def with_link_problem(msg: str, ref: object) -> str:
+    """``msg``, followed by why the link behind ``ref`` is down when ``ref`` can say (a
+    `ReportsLinkProblem`): what a timeout adds so that a wrong address or token shows."""
+    problem = ref.link_problem() if isinstance(ref, ReportsLinkProblem) else None
+    return msg if problem is None else f"{msg}; {problem}"
 
 
 LOCAL_ONLY: set[type] = set()

@@ -63,13 +63,13 @@ from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolErr
 from pykka_delivery.protocol.messages import (
     PeerLinkChanged,
     Ref,
-    ReportsLinkProblem,
     SequencedMessage,
     SequencedRun,
+    with_link_problem,
 )
 from pykka_delivery.protocol.serialization import Serialization
 
-__all__ = ["ConsumerSession", "Sends", "link_problem", "nothing_delivered", "nothing_ready"]
+__all__ = ["ConsumerSession", "Sends", "nothing_ready"]
 
 logger = logging.getLogger("pykka_delivery.consumer")
 
@@ -411,7 +411,8 @@ class ConsumerSession:
         naming why the link to the producer side is down when its ref can say."""
         core = self.core
         peer = core.registering if core.registering is not None else core.producer_controller
-        return nothing_delivered(timeout, link_problem(peer))
+        msg = f"Consumer: nothing delivered within {timeout} s"
+        return DeliveryTimeout(with_link_problem(msg, peer))
 
     def snapshot(self) -> ConsumerSnapshot:
         return self.core.snapshot()
@@ -481,20 +482,6 @@ class ConsumerSession:
         self._timers.cancel_all()
         if self._on_end is not None:
             self._on_end()
-
-
-def link_problem(ref: object) -> str | None:
-    """Why the link behind ``ref`` is down, when ``ref`` can say (`ReportsLinkProblem`)."""
-    return ref.link_problem() if isinstance(ref, ReportsLinkProblem) else None
-
-
-def nothing_delivered(timeout: float | None, problem: str | None = None) -> DeliveryTimeout:
-    """What a handle's ``receive(timeout)`` raises when nothing came in time, with why its
-    producer side's link is down if that is known."""
-    msg = f"Consumer: nothing delivered within {timeout} s"
-    if problem is not None:
-        msg = f"{msg}; {problem}"
-    return DeliveryTimeout(msg)
 
 
 def nothing_ready() -> WouldBlock:

@@ -49,7 +49,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
 )
 from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
-from pykka_delivery.protocol.messages import Ref, ReportsLinkProblem
+from pykka_delivery.protocol.messages import Ref, with_link_problem
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = [
@@ -217,13 +217,11 @@ class BaseProducerSession(Generic[C]):
     def timeout_message(self, what: str, timeout: float | None) -> str:
         """A `DeliveryTimeout`'s message: no ``what`` came within ``timeout`` seconds, and
         why the link to the consumer side is down when its ref can say."""
-        msg = f"{self.owner}: no {what} within {timeout} s"
-        problem = self.link_problem()
-        return msg if problem is None else f"{msg}; {problem}"
+        return with_link_problem(f"{self.owner}: no {what} within {timeout} s", self.peer())
 
-    def link_problem(self) -> str | None:
-        """Why the link to the consumer side is down, if known (the point-to-point session
-        asks its consumer's ref; a work-pulling one has many, and says nothing)."""
+    def peer(self) -> Ref | None:
+        """The consumer side whose link a timeout names when it is down: the point-to-point
+        session's consumer; None for a work-pulling one (it has many)."""
         return None
 
     def partly_sent_message(self, timeout: float | None, sent: int, total: int) -> str:
@@ -232,8 +230,7 @@ class BaseProducerSession(Generic[C]):
             f"{self.owner}: no {self.DEMAND} within {timeout} s: the first {sent} of {total} "
             "messages were sent"
         )
-        problem = self.link_problem()
-        return msg if problem is None else f"{msg}; {problem}"
+        return with_link_problem(msg, self.peer())
 
     # --- what arrives --------------------------------------------------------------------
 
@@ -452,11 +449,8 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
                 last,
             )
 
-    def link_problem(self) -> str | None:
-        consumer = self.core.consumer
-        if isinstance(consumer, ReportsLinkProblem):
-            return consumer.link_problem()
-        return None
+    def peer(self) -> Ref | None:
+        return self.core.consumer
 
     def no_demand_message(self) -> str:
         """A `WouldBlock`'s message."""
