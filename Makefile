@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/pip install -e '.[test,spark]'
+	$(BIN)/pip install -e '.[dev,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)
