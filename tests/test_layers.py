@@ -21,12 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 
 PROTOCOL = "protocol imports nothing else of ours"
-TRANSPORT = "transport imports only protocol and the base modules errors, retry and _fields"
+TRANSPORT = (
+    "transport imports only protocol and the base modules errors, retry, _fields and _observed"
+)
 CORE = "delivery.core never imports threading, time, pykka, grpc, sqlite3 or the layers above it"
 DELIVERY = "delivery never imports coordinator, partitions or spark"
 COORDINATOR = "coordinator never imports partitions or spark"
 PARTITIONS = "partitions never imports spark"
+METRICS = "only metrics imports prometheus_client, and the library never imports metrics"
 LAYERS = "inside delivery: handles and actors above session above stores above core"
+LOGS = "logs imports nothing else of ours"
+CLI = "nothing imports cli"
+TESTING = "nothing imports testing but LossyRef's old home"
 
 
 def contracts() -> dict[str, dict[str, Any]]:
@@ -84,6 +90,14 @@ def test_the_package_keeps_every_layer_contract() -> None:
         ("coordinator/commands.py", "import pykka_delivery.partitions.config", COORDINATOR),
         ("partitions/routing.py", "import pykka_delivery.spark", PARTITIONS),
         ("delivery/stores/dedup.py", "import pykka_delivery.delivery.handles._parts", LAYERS),
+        ("logs.py", "import pykka_delivery.errors", LOGS),
+        ("coordinator/queries.py", "import pykka_delivery.cli", CLI),
+        ("logs.py", "import pykka_delivery.cli._output", CLI),
+        ("delivery/handles/producer.py", "import pykka_delivery.metrics", METRICS),
+        ("coordinator/service.py", "import prometheus_client", METRICS),
+        ("_observed.py", "import prometheus_client", METRICS),
+        ("delivery/handles/consumer.py", "import pykka_delivery.testing", TESTING),
+        ("transport/node.py", "import pykka_delivery.testing.tcp_proxy", TESTING),
     ],
 )
 def test_a_forbidden_import_breaks_the_contract_that_forbids_it(
@@ -99,7 +113,7 @@ def test_a_forbidden_import_breaks_the_contract_that_forbids_it(
 
 
 def test_the_transport_contract_forbids_every_other_module_of_ours() -> None:
-    allowed = {"protocol", "transport", "errors", "retry", "_fields"}
+    allowed = {"protocol", "transport", "errors", "retry", "_fields", "_observed"}
     ours = {info.name for info in pkgutil.iter_modules([str(ROOT / "pykka_delivery")])}
 
     forbidden = set(contracts()[TRANSPORT]["forbidden_modules"])

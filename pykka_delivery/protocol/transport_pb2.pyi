@@ -33,10 +33,20 @@ class Hello(_message.Message):
     node: str
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
+class TargetNotice(_message.Message):
+    __slots__ = ("unknown", "exposed")
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    EXPOSED_FIELD_NUMBER: _ClassVar[int]
+    unknown: _containers.RepeatedScalarFieldContainer[str]
+    exposed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, unknown: _Optional[_Iterable[str]] = ..., exposed: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Frame(_message.Message):
-    __slots__ = ("hello", "envelopes")
+    __slots__ = ("hello", "envelopes", "targets")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ENVELOPES_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     envelopes: _containers.RepeatedCompositeFieldContainer[Envelope]
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., envelopes: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ...) -> None: ...
+    targets: TargetNotice
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., envelopes: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., targets: _Optional[_Union[TargetNotice, _Mapping]] = ...) -> None: ...

@@ -17,7 +17,9 @@ import grpc
 from pykka_delivery.protocol import transport_pb2
 from pykka_delivery.protocol.codec import PROMPT
 from pykka_delivery.retry import Backoff
+from pykka_delivery.transport._targets import TargetReports
 from pykka_delivery.transport.frames import FrameBuilder
+from pykka_delivery.transport.stats import LinkStats
 
 if TYPE_CHECKING:
     from pykka_delivery.transport.node import Node
@@ -70,6 +72,22 @@ class Peer:
         # timeout names it (Node.link_problem).
         self.problem: str | None = None
         self.channel: grpc.aio.Channel | None = None
+        # Names either side told the other nothing is exposed under (see _targets.py).
+        self.targets = TargetReports()
+        # Counted per frame on the node's loop (Node.link_statistics reads them).
+        self.frames_sent = self.bytes_sent = self.frames_received = 0
+        self.links_opened = self.links_lost = 0
+
+    def statistics(self) -> LinkStats:
+        """This peer's link counters, as a frozen snapshot."""
+        return LinkStats(
+            frames_sent=self.frames_sent,
+            bytes_sent=self.bytes_sent,
+            frames_received=self.frames_received,
+            links_opened=self.links_opened,
+            links_lost=self.links_lost,
+            up=bool(self.streams),
+        )
 
     def enqueue(self, target: str, message: Any) -> None:
         """Any thread: queue, wake the writer only if it is idle, and let it have the GIL
@@ -105,6 +123,21 @@ class Peer:
                 self.oldest = now
                 time.sleep(0)
 
+    def report_unknown(self, name: str) -> bool:
+        """On the node's loop: envelopes from this peer for ``name`` were dropped, nothing
+        being exposed under it. True if the peer is told so now (see _targets.py)."""
+        interval = self.node.settings.unknown_target_report_interval
+        if not self.targets.unknown_here(name, time.monotonic(), interval):
+            return False
+        self.wake.set()
+        return True
+
+    def report_exposed(self, name: str) -> None:
+        """On the node's loop: ``name`` is exposed now; tell the peer if it was told
+        otherwise."""
+        if self.targets.exposed_here(name):
+            self.wake.set()
+
     async def run(self) -> None:
         """The writer: one frame per write, holding everything that was waiting. It never
         stops on an error of its own: a peer left without a writer would never be sent
@@ -127,6 +160,8 @@ class Peer:
         # that loop, those of a node with a loop thread of its own are other threads.
         self.woken_on_loop = node._thread is None
         while True:
+            if self.targets.pending is not None and self.streams:
+                await self._write_notice()
             if not outbox:
                 self.idle = True
                 if not outbox:
@@ -168,12 +203,12 @@ class Peer:
                 counters.dropped_unsendable += 1
             last_frame = builder.messages
             if builder.messages:
-                for part, messages in node._fit(builder.frame, builder.messages):
-                    await self._write(part, messages)
+                for part, messages, size in node._fit(builder.frame, builder.messages):
+                    await self._write(part, messages, size)
 
-    async def _write(self, frame: _Frame, messages: int) -> None:
+    async def _write(self, frame: _Frame, messages: int, size: int) -> None:
         """Write ``frame``, which carries ``messages`` messages (the envelope counters
-        count messages, each message of a run included)."""
+        count messages, each message of a run included) in ``size`` bytes."""
         stream = self.streams[-1]
         counters = self.node._counters
         try:
@@ -186,6 +221,16 @@ class Peer:
             return
         counters.frames_sent += 1
         counters.envelopes_sent += messages
+        self.frames_sent += 1
+        self.bytes_sent += size
+
+    async def _write_notice(self) -> None:
+        """Write the pending `TargetNotice` in a frame of its own (it is rare)."""
+        frame = _Frame()
+        notice = self.targets.take()
+        if notice is not None:
+            frame.targets.CopyFrom(notice)
+            await self._write(frame, 0, frame.ByteSize())
 
     async def _connect(self) -> None:
         """Dial until a link exists (ours, or one the peer opened meanwhile)."""
@@ -205,8 +250,8 @@ class Peer:
         error after the reader saw the refusal)."""
         if isinstance(error, grpc.aio.AioRpcError):
             code = error.code()
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                self.problem = f"refused (UNAUTHENTICATED): {error.details()}"
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                self.problem = f"refused ({code.name}): {error.details()}"
             else:
                 self.problem = f"the link failed ({code.name}): {error.details()}"
         elif self.problem is None:
@@ -216,6 +261,7 @@ class Peer:
         first = not self.streams
         self.streams.append(stream)
         self.node._counters.links_opened += 1
+        self.links_opened += 1
         if first:
             self.node._notify(self.address, True)
 
@@ -224,7 +270,9 @@ class Peer:
             self.streams.remove(stream)
             stream.alive = False
             self.node._counters.links_lost += 1
+            self.links_lost += 1
             with contextlib.suppress(Exception):
                 stream.close()
             if not self.streams:
+                self.targets.link_down()
                 self.node._notify(self.address, False)

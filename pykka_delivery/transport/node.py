@@ -22,11 +22,16 @@ Theory of operation:
   delivery protocol above it does (Requests, Resends, first-message resends), so nothing is
   lost and the transport knows nothing of delivery rules.
 * Bad input never crashes a node: a malformed envelope, an unknown target, an
-  unauthenticated peer or an oversize frame is refused, logged and counted.
+  unauthenticated peer (or, with mutual TLS, one claiming an address its certificate does
+  not name) or an oversize frame is refused, logged and counted.
+* Names: envelopes for a name nothing is exposed under are dropped, and the sending node
+  is told so on the link (``_targets.py``), so that its handles' timeouts can name it.
 
-Modules: this one has the `Node` (server, naming, receiving, dialling); ``_peer.py`` a
-peer's outbox and writer; ``frames.py`` what goes into a frame; ``remote_ref.py`` the
-`RemoteRef`; ``stats.py`` the counters.
+Modules: this one has the `Node` (naming, receiving, dialling); ``_servicer.py`` the
+server side of a link (who may open one, ``identity.py`` the mutual-TLS rule);
+``_peer.py`` a peer's outbox and writer; ``_targets.py`` the name reports;
+``frames.py`` what goes into a frame; ``remote_ref.py`` the `RemoteRef`; ``stats.py`` the
+counters.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 import grpc
 import pykka
 
+from pykka_delivery import _observed
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.protocol.codec import Codec
 from pykka_delivery.protocol.messages import (
@@ -52,18 +58,18 @@ from pykka_delivery.protocol.messages import (
 )
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 from pykka_delivery.transport._peer import Peer, Stream
+from pykka_delivery.transport._servicer import LINK_SERVICE, NODE_METADATA, LinkServicer
+from pykka_delivery.transport._targets import missing_target_problem
 from pykka_delivery.transport.frames import messages_in, split_frame
 from pykka_delivery.transport.grpc_setup import (
-    bearer_token_ok,
     keepalive_options,
     open_channel,
-    read_or_refuse,
     reconnect_options,
     start_server,
 )
 from pykka_delivery.transport.remote_ref import RemoteRef
 from pykka_delivery.transport.settings import NodeSettings
-from pykka_delivery.transport.stats import Counters, NodeStats
+from pykka_delivery.transport.stats import Counters, LinkStats, NodeStats
 
 __all__ = ["Node", "NodeStats", "RemoteRef"]
 
@@ -71,67 +77,9 @@ logger = logging.getLogger("pykka_delivery.transport")
 
 _Frame = transport_pb2.Frame
 
-
-_LINK_SERVICE = "pykka_delivery.transport.v1.Node"
-
-
-class _Servicer:
-    """The server side of ``Node.Link``. Frames arrive as bytes and are parsed here
-    (`read_or_refuse`): one that does not parse ends the link with ``INVALID_ARGUMENT`` and
-    is counted (``malformed``)."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        link = grpc.stream_stream_rpc_method_handler(
-            self.Link,
-            request_deserializer=bytes,  # parsed by _read
-            response_serializer=transport_pb2.Frame.SerializeToString,
-        )
-        return grpc.method_handlers_generic_handler(_LINK_SERVICE, {"Link": link})
-
-    async def Link(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
-        node = self.node
-        if not bearer_token_ok(context.invocation_metadata(), node.settings.token):
-            node._counters.rejected_links += 1
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong token: give the node the cluster's NodeSettings.token",
-            )
-        # Tells the dialler its link is accepted: it writes only then, since a write racing
-        # a refusal would hide the refusal's status behind an INTERNAL one.
-        await context.send_initial_metadata(())
-        first = await self._read(context)
-        if first is None or not first.HasField("hello") or not first.hello.node:
-            node._counters.rejected_links += 1
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "the first frame of a link must be a Hello"
-            )
-        peer = node._peer(first.hello.node)
-        peer.problem = None  # the peer reached us: the link works
-        stream = Stream(context.write, lambda: None)
-        peer.attach(stream)
-        node._deliver(first)
-        try:
-            while stream.alive:
-                frame = await self._read(context)
-                if frame is None:
-                    break
-                node._deliver(frame)
-        finally:
-            peer.detach(stream)
-
-    def _read(self, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        """The next frame of the link (a coroutine), None at its end."""
-        return read_or_refuse(
-            context, transport_pb2.Frame.FromString, self._malformed, "a transport Frame"
-        )
-
-    def _malformed(self) -> None:
-        self.node._counters.malformed += 1
+# How a node refuses a link: a wrong token, or (mutual TLS) an address not in the
+# certificate.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def _ended_call_error(call: Any) -> grpc.aio.AioRpcError:
@@ -205,6 +153,7 @@ class Node:
         self._metadata = (
             (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
         )
+        _observed.observe(_observed.NODE, self)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -303,6 +252,7 @@ class Node:
         self._targets[name] = ref
         self._batch_takers[name] = _batch_taker(ref)
         self._names[id(ref)] = (ref, name)
+        self._on_loop(self._announce_exposed, name)
         return RemoteRef(self, f"{self.address}/{name}")
 
     def unregister(self, name: str) -> None:
@@ -310,6 +260,11 @@ class Node:
         self._batch_takers.pop(name, None)
         if ref is not None:
             self._names.pop(id(ref), None)
+
+    def _announce_exposed(self, name: str) -> None:
+        """On the node's loop: peers told ``name`` was unknown here learn it is not."""
+        for peer in list(self._peers.values()):
+            peer.report_exposed(name)
 
     def expose(self, name: str) -> Callable[[Any], RemoteRef]:
         """A ``self_ref_factory`` for controllers and handles: exposes the local ref under
@@ -328,6 +283,13 @@ class Node:
     def statistics(self) -> NodeStats:
         return self._counters.snapshot()
 
+    def link_statistics(self) -> dict[str, LinkStats]:
+        """The counters of the links to each peer node this node has met, by the peer's
+        address (frames and bytes sent, frames received, links opened and lost)."""
+        with self._peers_lock:
+            peers = list(self._peers.values())
+        return {peer.address: peer.statistics() for peer in peers}
+
     def is_linked(self, peer_address: str) -> bool:
         peer = self._peers.get(peer_address)
         return peer is not None and bool(peer.streams)
@@ -338,6 +300,16 @@ class Node:
         peer since, or no attempt failed)."""
         peer = self._peers.get(peer_address)
         return None if peer is None else peer.problem
+
+    def _missing_target(self, node_address: str, name: str) -> str | None:
+        """Why messages for ``node_address/name`` are dropped if nothing is exposed as
+        ``name`` there, as far as this node knows (that node told it so), else None."""
+        if node_address == self.address:
+            missing = name not in self._targets
+        else:
+            peer = self._peers.get(node_address)
+            missing = peer is not None and name in peer.targets.missing
+        return missing_target_problem(node_address, name) if missing else None
 
     # --- sending ---------------------------------------------------------------------
 
@@ -358,6 +330,15 @@ class Node:
                         self._loop.call_soon_threadsafe(self._spawn, peer.run())
         return peer
 
+    def _on_loop(self, call: Callable[[str], None], arg: str) -> None:
+        """``call(arg)`` on the node's loop: now if this is it, else soon (nothing before
+        the node started: it has no peers to tell)."""
+        if threading.get_ident() == self._loop_thread_id:
+            call(arg)
+        elif self._running:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stop)
+                self._loop.call_soon_threadsafe(call, arg)
+
     def _spawn(self, coroutine: Any) -> None:
         task = self._loop.create_task(coroutine)
         self._tasks.add(task)
@@ -375,9 +356,10 @@ class Node:
             raise ValueError(msg)
         return f"{self.address}/{known[1]}"
 
-    def _fit(self, frame: _Frame, messages: int) -> list[tuple[_Frame, int]]:
+    def _fit(self, frame: _Frame, messages: int) -> list[tuple[_Frame, int, int]]:
         """``frame`` (carrying ``messages`` messages), split so that each part is within
-        ``max_message_bytes``: the parts, each with the number of messages it carries.
+        ``max_message_bytes``: the parts, each with the number of messages it carries and
+        its size in bytes.
 
         A frame is halved between envelopes, a frame of one run inside the run, until
         each part fits; a single message too large is dropped.
@@ -385,7 +367,7 @@ class Node:
         limit = self.settings.max_message_bytes
         size = frame.ByteSize()
         if size <= limit:
-            return [(frame, messages)]
+            return [(frame, messages, size)]
         halves = split_frame(frame)
         if halves is None:
             logger.error(
@@ -397,7 +379,7 @@ class Node:
             )
             self._counters.dropped_unsendable += 1  # after the log: tests wait on the count
             return []
-        parts: list[tuple[_Frame, int]] = []
+        parts: list[tuple[_Frame, int, int]] = []
         for half in halves:
             parts.extend(self._fit(half, messages_in(half)))
         return parts
@@ -415,12 +397,14 @@ class Node:
         except pykka.ActorDeadError:
             logger.debug("%r on %s is dead: message dropped", name, self.address)
 
-    def _deliver(self, frame: _Frame) -> None:
-        """On the node's thread: decode a frame and tell each message to its target,
-        consecutive messages for one target at once when it takes batches, and a run of
-        one producer's messages as one `SequencedRun` when it takes runs."""
+    def _deliver(self, frame: _Frame, peer: Peer) -> None:
+        """On the node's thread: decode a frame from ``peer`` and tell each message to its
+        target, consecutive messages for one target at once when it takes batches, and a
+        run of one producer's messages as one `SequencedRun` when it takes runs."""
         counters = self._counters
         counters.frames_received += 1
+        if frame.HasField("targets"):
+            self._heard(peer, frame.targets)
         groups, errors = self._codec.decode_frame(frame, runs=True)
         # Messages, as the writer counts them; a malformed envelope counts as one.
         counters.envelopes_received += len(errors)
@@ -428,9 +412,18 @@ class Node:
             counters.malformed += 1
             logger.warning("Malformed envelope from a peer: %s", error)
         for target, messages in groups:
-            self._tell_batch(target, messages)
+            self._tell_batch(target, messages, peer)
 
-    def _tell_batch(self, name: str, messages: list[Any]) -> None:
+    def _heard(self, peer: Peer, notice: transport_pb2.TargetNotice) -> None:
+        for name in peer.targets.heard(notice):
+            logger.warning(
+                "Messages for %s/%s are dropped there: %s",
+                peer.address,
+                name,
+                missing_target_problem(peer.address, name),
+            )
+
+    def _tell_batch(self, name: str, messages: list[Any], peer: Peer) -> None:
         target = self._targets.get(name)
         taker = self._batch_takers.get(name)
         if taker is not None and taker[1]:
@@ -442,7 +435,14 @@ class Node:
         counters.envelopes_received += count
         if target is None:
             counters.unknown_target += count
-            logger.warning("Nothing is exposed as %r on %s: %d dropped", name, self.address, count)
+            if peer.report_unknown(name):  # at most once per name and interval
+                logger.warning(
+                    "Nothing is exposed as %r on %s: %d dropped; telling %s",
+                    name,
+                    self.address,
+                    count,
+                    peer.address,
+                )
             return
         try:
             if taker is not None:
@@ -487,8 +487,8 @@ class Node:
         self._loop_thread_id = threading.get_ident()
         s = self.settings
         server = grpc.aio.server(options=self._grpc_options())
-        server.add_generic_rpc_handlers((_Servicer(self).handler(),))
-        port, _ = await start_server(server, f"{s.host}:{s.port}", s.tls, [_LINK_SERVICE])
+        server.add_generic_rpc_handlers((LinkServicer(self).handler(),))
+        port, _ = await start_server(server, f"{s.host}:{s.port}", s.tls, [LINK_SERVICE])
         self._server = server
         self._running = True
         self.bound_address = f"{s.host}:{port}"
@@ -510,8 +510,10 @@ class Node:
         try:
             await asyncio.wait_for(peer.channel.channel_ready(), s.connect_timeout)
             stub = transport_pb2_grpc.NodeStub(peer.channel)  # type: ignore[no-untyped-call]
-            call = stub.Link(metadata=self._metadata)
-            # Accepted (or refused) before the first write: see _Servicer.Link.
+            # Who we are, in the call's metadata as well as in the Hello: a node checking it
+            # against our certificate (mutual TLS) then refuses before we write.
+            call = stub.Link(metadata=(*self._metadata, (NODE_METADATA, self.address)))
+            # Accepted (or refused) before the first write: see LinkServicer.Link.
             await asyncio.wait_for(call.initial_metadata(), s.connect_timeout)
             if call.done():
                 peer.failed(await _ended_call_error(call))
@@ -543,10 +545,11 @@ class Node:
                 if frame is grpc.aio.EOF:
                     break
                 peer.problem = None  # the link works
-                self._deliver(frame)
+                peer.frames_received += 1
+                self._deliver(frame, peer)
         except grpc.aio.AioRpcError as error:
             peer.failed(error)
-            if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            if error.code() in _REFUSED:
                 logger.error("Link to %s refused: %s", peer.address, error.details())
             else:
                 logger.info("Link to %s lost: %s", peer.address, error.code().name)

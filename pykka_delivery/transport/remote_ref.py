@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pykka_delivery.protocol.serialization import Serialization
     from pykka_delivery.transport._peer import Peer
     from pykka_delivery.transport.node import Node
 
@@ -15,7 +16,7 @@ class RemoteRef:
     """A ref to something exposed on a node: ``host:port/name``. ``tell`` from any thread.
 
     On its own node it tells the local target directly; elsewhere it queues the message
-    for the peer's link. Equal refs have equal paths.
+    for the peer's link, and declares so (`EncodesPayloads`). Equal refs have equal paths.
     """
 
     __slots__ = ("_node", "_peer", "name", "node_address", "path")
@@ -49,11 +50,23 @@ class RemoteRef:
 
     def link_problem(self) -> str | None:
         """Why messages to this address are not getting through, as far as this node
-        knows (`ReportsLinkProblem`): None while the link works or was never tried."""
+        knows (`ReportsLinkProblem`): the link is down, or the node at the other end said
+        nothing is exposed under this name there; None while both work or were never
+        tried."""
+        node = self._node
+        if self.node_address != node.address:
+            problem = node.link_problem(self.node_address)
+            if problem is not None:
+                return f"the link to {self.node_address} is down: {problem}"
+        return node._missing_target(self.node_address, self.name)
+
+    def payload_serialization(self) -> Serialization | None:
+        """The serializers the node encodes what is told here with (`EncodesPayloads`:
+        a producer checks its payloads with them before it accepts them); None for a ref to
+        this node's own address, which is told in-process."""
         if self.node_address == self._node.address:
             return None
-        problem = self._node.link_problem(self.node_address)
-        return None if problem is None else f"the link to {self.node_address} is down: {problem}"
+        return self._node._serialization
 
     def tell(self, message: Any) -> None:
         peer = self._peer

@@ -24,6 +24,13 @@ class TlsSettings:
             signed by ``root_certificates``. Default True.
         server_name_override: the name to check the server's certificate against when it
             differs from the dialled host (tests, IP addresses without a SAN). Default none.
+        verify_peer_address: with mutual TLS (``require_client_auth``), a node accepts a
+            link only if the node address its opener claims (``host:port``, its advertised
+            address) has a host the opener's certificate names: an IP or DNS subject
+            alternative name (``*.`` wildcards as in HTTPS), or the common name of a
+            certificate without any. Others are refused with ``PERMISSION_DENIED`` and
+            counted in ``rejected_links``. Default True; False lets any peer with a
+            certificate of ``root_certificates`` claim any address.
     """
 
     cert_chain: Path
@@ -31,6 +38,7 @@ class TlsSettings:
     root_certificates: Path
     require_client_auth: bool = True
     server_name_override: str | None = None
+    verify_peer_address: bool = True
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(certificate chain, private key, root certificates) as bytes.
@@ -90,6 +98,9 @@ class NodeSettings:
             attempts to re-open a link, doubling with ±20 % jitter. Defaults 0.1 s and 5 s.
         connect_timeout: how long one attempt to open a link may take. Default 5 s.
         shutdown_grace: seconds given to in-flight calls when the node stops. Default 1.
+        unknown_target_report_interval: a node that drops envelopes for a name nothing is
+            exposed under tells the sending node so (which names it in its handles'
+            timeouts), at most once per name and link in this many seconds. Default 1.
     """
 
     host: str = "127.0.0.1"
@@ -109,6 +120,7 @@ class NodeSettings:
     reconnect_backoff_max: float = 5.0
     connect_timeout: float = 5.0
     shutdown_grace: float = 1.0
+    unknown_target_report_interval: float = 1.0
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -126,6 +138,10 @@ class NodeSettings:
                 "reconnect_backoff_min must be above 0 and at most reconnect_backoff_max",
             ),
             (self.connect_timeout > 0, "connect_timeout must be above 0 seconds"),
+            (
+                self.unknown_target_report_interval > 0,
+                "unknown_target_report_interval must be above 0 seconds",
+            ),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
         ]
         for ok, msg in checks:

@@ -1,12 +1,13 @@
 """A node's counters: `NodeStats`, the frozen snapshot a caller reads, and `Counters`,
-the live ones the node's threads add to."""
+the live ones the node's threads add to; `LinkStats`, the counters of the links to one
+peer node."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Counters", "NodeStats"]
+__all__ = ["Counters", "LinkStats", "NodeStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,8 @@ class NodeStats:
         lost_in_flight: messages in a frame whose write failed (the protocol resends).
         malformed: received envelopes that could not be decoded (a run counts once).
         unknown_target: received envelopes for a name nothing is exposed under.
-        rejected_links: links refused (authentication, missing hello).
+        rejected_links: links refused (a wrong token, no hello, or with mutual TLS an
+            address the peer's certificate does not name).
     """
 
     frames_sent: int
@@ -60,3 +62,25 @@ class Counters:
 
     def snapshot(self) -> NodeStats:
         return NodeStats(**dataclasses.asdict(self))
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStats:
+    """Counters of a node's links to one peer node, as a frozen snapshot (counted per
+    frame, never per message).
+
+    Attributes:
+        frames_sent / bytes_sent: frames written to the peer, and their encoded size.
+            What this node receives from the peer is the peer's ``bytes_sent`` to it.
+        frames_received: frames read from the peer.
+        links_opened / links_lost: links to the peer established (dialled or accepted)
+            and broken; every one opened after the first is a reconnect.
+        up: a link to the peer is open now.
+    """
+
+    frames_sent: int
+    bytes_sent: int
+    frames_received: int
+    links_opened: int
+    links_lost: int
+    up: bool

@@ -1,12 +1,16 @@
 """A handle's timeout names why its link does not work (issue 19, defect 3): a consumer
-pointed at a port where nothing listens, and a producer whose consumer's node refuses its
-token, each say so in their `DeliveryTimeout` instead of only "nothing delivered" or "no
-demand to send". Two nodes on 127.0.0.1; every wait is bounded."""
+pointed at a port where nothing listens, a producer whose consumer's node refuses its
+token, and a handle pointed at a name nothing is exposed under (the node at the other end
+says so on the link) each say so in their `DeliveryTimeout` instead of only "nothing
+delivered" or "no demand to send". Two nodes on 127.0.0.1; every wait is bounded."""
 
 from __future__ import annotations
 
+import logging
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -34,6 +38,24 @@ def start(nodes: list[Node], settings: NodeSettings) -> Node:
     node = Node(settings).start()
     nodes.append(node)
     return node
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+class Collector:
+    """A ref that keeps what it is told (link events aside)."""
+
+    def __init__(self, into: list[object]) -> None:
+        self.into = into
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, str):
+            self.into.append(message)
 
 
 def free_port() -> int:
@@ -96,3 +118,85 @@ def test_a_timeout_while_the_link_works_names_no_link_problem(nodes: list[Node])
     assert str(timed_out.value) == "Consumer: nothing delivered within 0.3 s"
     producer.close()
     consumer.close()
+
+
+def test_a_consumer_registered_to_a_wrong_name_times_out_naming_it(nodes: list[Node]) -> None:
+    producer_node, consumer_node = start(nodes, QUICK_DIAL), start(nodes, QUICK_DIAL)
+    producer = Producer("orders", self_ref_factory=producer_node.expose("orders"))
+    consumer = Consumer(FAST, self_ref_factory=consumer_node.expose("c"))
+    consumer.register_to(consumer_node.ref(f"{producer_node.address}/ordres"))
+
+    with pytest.raises(DeliveryTimeout) as timed_out:
+        consumer.receive(timeout=2.0)
+
+    assert str(timed_out.value) == (
+        "Consumer: nothing delivered within 2.0 s; no target 'ordres' on node "
+        f"{producer_node.address}: nothing is exposed under that name; check the name or "
+        "expose it first"
+    )
+    producer.close()
+    consumer.close()
+
+
+def test_a_producer_pointed_at_a_wrong_consumer_name_times_out_naming_it(
+    nodes: list[Node],
+) -> None:
+    producer_node, consumer_node = start(nodes, QUICK_DIAL), start(nodes, QUICK_DIAL)
+    consumer = Consumer(FAST, self_ref_factory=consumer_node.expose("c"))
+    producer = Producer("orders", self_ref_factory=producer_node.expose("orders"))
+    producer.register_consumer(producer_node.ref(f"{consumer_node.address}/nobody"))
+
+    with pytest.raises(DeliveryTimeout) as timed_out:
+        for n in range(3):  # the first goes unrequested; the next wait for demand
+            producer.send(n, timeout=2.0)
+
+    message = str(timed_out.value)
+    assert "no demand to send within 2.0 s" in message
+    assert f"no target 'nobody' on node {consumer_node.address}" in message
+    producer.close()
+    consumer.close()
+
+
+def test_a_name_exposed_after_it_was_reported_unknown_is_no_longer_named(
+    nodes: list[Node],
+) -> None:
+    sender, receiver = start(nodes, QUICK_DIAL), start(nodes, QUICK_DIAL)
+    ref = sender.ref(f"{receiver.address}/late")
+    ref.tell("early")
+    wait_until(lambda: ref.link_problem() is not None)
+
+    got: list[object] = []
+    receiver.register("late", Collector(got))
+
+    wait_until(lambda: ref.link_problem() is None)
+    ref.tell("on time")
+    wait_until(lambda: got == ["on time"])
+
+
+def test_a_wrong_name_is_reported_once_per_interval_not_per_message(
+    nodes: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = start(nodes, QUICK_DIAL)
+    receiver = start(nodes, NodeSettings(unknown_target_report_interval=60.0))
+    ref = sender.ref(f"{receiver.address}/nobody")
+    caplog.set_level(logging.WARNING, logger="pykka_delivery.transport")
+
+    for n in range(5):  # one frame each: each waits for the one before to arrive
+        ref.tell(n)
+        wait_until(lambda n=n: receiver.statistics().unknown_target == n + 1)
+    wait_until(lambda: ref.link_problem() is not None)
+
+    told = [r for r in caplog.records if "are dropped there" in r.getMessage()]
+    assert len(told) == 1
+    assert sender.statistics().frames_received == 1  # the one notice, nothing else
+
+
+def test_a_name_unknown_on_this_very_node_is_named_too(nodes: list[Node]) -> None:
+    node = start(nodes, QUICK_DIAL)
+
+    ref = node.ref(f"{node.address}/nobody")
+
+    assert ref.link_problem() == (
+        f"no target 'nobody' on node {node.address}: nothing is exposed under that name; "
+        "check the name or expose it first"
+    )

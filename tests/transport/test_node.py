@@ -33,11 +33,11 @@ from pykka_delivery import (
 from pykka_delivery.delivery.core.producer import ProducerCore
 from pykka_delivery.protocol import BYTES, delivery_pb2, transport_pb2
 from pykka_delivery.protocol.messages import PeerLinkChanged, SequencedMessage
+from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node, NodeSettings, TlsSettings
 from pykka_delivery.transport._peer import Peer
 from pykka_delivery.transport.frames import FrameBuilder
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
-from tests.tcp_proxy import TcpProxy
 
 WAIT = 20.0
 FAST = ConsumerControllerSettings(
@@ -493,9 +493,9 @@ def test_a_run_above_max_message_bytes_is_split_into_runs_that_fit(nodes: list[N
 
     assert len(builder.frame.envelopes) == 1
     assert len(parts) > 1
-    assert all(part.ByteSize() <= 2048 for part, _ in parts)
-    assert sum(count for _, count in parts) == 100
-    received = [m for part, _ in parts for _, ms in a._codec.decode_frame(part)[0] for m in ms]
+    assert all(part.ByteSize() == size <= 2048 for part, _, size in parts)
+    assert sum(count for _, count, _ in parts) == 100
+    received = [m for part, _, _ in parts for _, ms in a._codec.decode_frame(part)[0] for m in ms]
     assert received == sent
     assert a.statistics().dropped_unsendable == 0
 

@@ -25,9 +25,9 @@ from pykka_delivery import (
     Producer,
 )
 from pykka_delivery.protocol.messages import PeerLinkChanged, Request, SequencedMessage
+from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node, NodeSettings
 from pykka_delivery.transport import _peer as peer_module
-from tests.tcp_proxy import TcpProxy
 from tests.transport.test_node import Sink, free_port
 
 WAIT = 20.0

@@ -1,4 +1,5 @@
-"""Tests of tests/tcp_proxy.py: raw TCP behaviour first, then gRPC (HTTP/2) through it."""
+"""Tests of `pykka_delivery.testing.TcpProxy`: raw TCP behaviour first, then gRPC (HTTP/2)
+through it."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tests.tcp_proxy import _CHUNK as CHUNK
-from tests.tcp_proxy import _HIGH_WATER as HIGH_WATER
-from tests.tcp_proxy import TcpProxy
+from pykka_delivery.testing import TcpProxy
+from pykka_delivery.testing.tcp_proxy import _CHUNK as CHUNK
+from pykka_delivery.testing.tcp_proxy import _HIGH_WATER as HIGH_WATER
 
 WAIT = 5.0  # bound on every wait for something that should happen promptly
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -1,4 +1,7 @@
-"""A loopback TCP proxy for fault tests: it can cut, refuse, stall and delay connections.
+"""`TcpProxy`: a loopback TCP proxy for fault tests; it can cut, refuse, stall and delay
+connections.
+
+    from pykka_delivery.testing import TcpProxy
 
     with TcpProxy(("127.0.0.1", server_port)) as proxy:
         host, port = proxy.address
@@ -50,6 +53,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+__all__ = ["TcpProxy"]
+
 _T = TypeVar("_T")
 
 _CHUNK = 64 * 1024
@@ -94,7 +99,17 @@ class _Connection:
 
 
 class TcpProxy:
-    """Forwards TCP connections from 127.0.0.1:`listen_port` to `upstream`."""
+    """Forwards TCP connections from 127.0.0.1:``listen_port`` to ``upstream``.
+
+    Args:
+        upstream: ``(host, port)`` connections are forwarded to.
+        listen_port: where the proxy listens on 127.0.0.1; 0 (the default) picks a free
+            port (see `address`).
+        join_timeout: how long `stop` waits for the proxy's thread, in seconds. Default 5.
+
+    Start it with `start` (or ``with TcpProxy(...) as proxy:``), then steer it from any
+    thread with `cut`, `refuse`, `stall` and `set_delay` (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -149,6 +164,11 @@ class TcpProxy:
         return len(self._open)
 
     def start(self) -> TcpProxy:
+        """Listen on 127.0.0.1 and forward from a thread of the proxy's own; returns it.
+
+        Raises:
+            RuntimeError: it was started already.
+        """
         if self._thread is not None:
             raise RuntimeError("TcpProxy already started")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
