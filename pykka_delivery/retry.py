@@ -16,7 +16,9 @@ Who retries, and with which settings:
 * `DurableQueueCalls` (delivery/stores/calls.py): `call_with_retries`;
   ``durable_queue_retry_attempts`` attempts in all, waits from
   ``durable_queue_retry_backoff`` doubling to ``durable_queue_retry_backoff_max``
-  (`ProducerControllerSettings`), no jitter; only a `DurableQueueError` is retried.
+  (`ProducerControllerSettings`), no jitter; only a `DurableQueueError` is retried, and
+  not a permanent one (`delivery.stores.durable_queue.is_permanent`: the queue refused
+  the input, e.g. a payload its serializers cannot encode).
 * A transport node re-dialling a peer (transport/_peer.py): until a link exists, waits
   from ``reconnect_backoff_min`` doubling to ``reconnect_backoff_max`` (`NodeSettings`),
   jitter 0.2 (×0.8 to ×1.2).
@@ -116,6 +118,7 @@ def call_with_retries(
     give_up: Callable[[int, Exception], Exception],
     sleep: Callable[[float], object] = time.sleep,
     failed: Exception | None = None,
+    permanent: Callable[[Exception], bool] | None = None,
 ) -> _T:
     """``call(*args)``, tried up to ``attempts`` times in all; what it returns.
 
@@ -130,6 +133,8 @@ def call_with_retries(
             returns the exception to raise (chained to ``error``).
         sleep: waits between attempts (tests pass a fake).
         failed: the first attempt was made already, by the caller, and raised this.
+        permanent: says of an error that ``retry_on`` matches whether another attempt
+            cannot help all the same (the input was refused): it ends the loop at once.
 
     Raises:
         Exception: what ``give_up`` returned.
@@ -145,7 +150,11 @@ def call_with_retries(
                 return call(*args)
             except Exception as error:
                 failed = error
-        if attempt >= attempts or not isinstance(failed, retry_on):
+        if (
+            attempt >= attempts
+            or not isinstance(failed, retry_on)
+            or (permanent is not None and permanent(failed))
+        ):
             raise give_up(attempt, failed) from failed
         if delays is None:
             delays = backoff.delays()

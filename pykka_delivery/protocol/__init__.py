@@ -5,7 +5,8 @@
 capabilities a recipient declares; ``delivery.proto`` and ``transport.proto`` (generated
 into ``*_pb2``) are their wire schema; :mod:`.codec` turns one into the other; and
 :mod:`.serialization` turns application payloads into ``(serializer_id, manifest,
-data)`` and back.
+data)`` and back; :mod:`.payload_check` is how a producer checks a payload with those
+serializers before it accepts it for another process.
 
 This package imports nothing else of ``pykka_delivery``: every other layer may depend on
 it, and it on none of them.

@@ -28,6 +28,22 @@ it, then pickle if enabled. So ``True`` goes to JSON (``bool`` is bound exactly)
 a user serializer is bound to ``int``, and a ``str`` subclass goes to STR. The resolution
 is cached per type, so serializing is one dict lookup plus the serializer's own work.
 
+Encoded once. A producer checks each payload it accepts for another process or a store
+that writes bytes (`Serialization.check`, see ``payload_check.py``); the check encodes the
+payload, and keeps the result in a small memo until `serialize` is asked for the same
+object, which takes it instead of encoding the payload a second time. So the bytes sent
+are the payload's value when it was sent: a payload mutated after ``send`` goes out as it
+was. The memo is keyed by ``id(payload)`` and holds the payload itself (so that its id
+cannot be reused while the entry lives); an entry is taken once, so a resend encodes
+again. It holds at most ``check_memo_size`` entries, oldest dropped first, and no encoding
+larger than ``check_memo_max_bytes``: what a stalled stream never sends cannot pile up, and
+a payload whose entry was dropped is simply encoded again when it is sent. Taking,
+replacing and dropping are single dict operations, safe between the producer's thread
+(check) and the transport's (serialize). A payload object sent again before its first
+send was written keeps only the latest entry: each of its messages then carries a value
+it had between its own ``send`` and its writing, as before the memo. ``bytes`` and ASCII
+``str`` (immutable, and cheap to write) are never encoded by the check, so never kept.
+
 Pickle is off by default because unpickling executes code chosen by whoever wrote the
 bytes: enable it only when every sender is trusted.
 
@@ -42,13 +58,15 @@ import json
 import pickle
 import threading
 from collections.abc import Callable
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
 __all__ = [
     "BYTES",
+    "DEFAULT_CHECK_MEMO_MAX_BYTES",
+    "DEFAULT_CHECK_MEMO_SIZE",
     "JSON",
     "PICKLE",
     "PROTOBUF",
@@ -247,11 +265,38 @@ _PICKLE_DISABLED: Final = (
 
 # ---------------------------------------------------------------------------- registry
 
+DEFAULT_CHECK_MEMO_SIZE: Final = 1024
+"""`Serialization`'s ``check_memo_size`` by default."""
+
+DEFAULT_CHECK_MEMO_MAX_BYTES: Final = 64 * 1024
+"""`Serialization`'s ``check_memo_max_bytes`` by default."""
+
+
+def _check_memo_setting(name: str, value: object) -> None:
+    if type(value) is not int:
+        msg = f"Serialization({name}={value!r}): give an int (a count of payloads or bytes)"
+        raise TypeError(msg)
+    if value < 0:
+        msg = f"Serialization({name}={value!r}) is negative: give 0 or more"
+        raise ValueError(msg)
+
+
+def _write_failed(serializer_id: int, cls: type, error: Exception) -> SerializationError:
+    return SerializationError(
+        f"serializer {serializer_id} failed to write {_type_name(cls)}: {error!r}"
+    )
+
+
 # What `serialize` needs for one type, bound once: id, manifest(obj), to_bytes(obj).
 _Binding = tuple[int, Callable[[object], str], Callable[[object], bytes]]
 
 
-def _bind(serializer: Serializer) -> _Binding:
+def _bind(serializer: Serializer, cls: type) -> _Binding:
+    if type(serializer) is ProtobufSerializer and issubclass(cls, Message):
+        # Known once per message type: its manifest, and that its values are messages.
+        name = str(cls.DESCRIPTOR.full_name)
+        to_bytes: Callable[[Any], bytes] = cls.SerializeToString
+        return (PROTOBUF, lambda obj: name, to_bytes)
     return (serializer.serializer_id, serializer.manifest, serializer.to_bytes)
 
 
@@ -265,10 +310,32 @@ class Serialization:
     Args:
         allow_pickle: fall back to pickle (id 5) for values no other serializer takes,
             and accept pickled payloads. Off by default: unpickling executes code.
+        check_memo_size: how many payloads encoded by `check` are kept for `serialize`
+            to take (the module docstring, "Encoded once"), the oldest dropped first; 0
+            turns the memo off (every checked payload is encoded again when sent).
+        check_memo_max_bytes: an encoding longer than this is not kept (the payload is
+            encoded again when sent), so that the memo's memory stays small.
+
+    Raises:
+        TypeError: ``check_memo_size`` or ``check_memo_max_bytes`` is not an int.
+        ValueError: one of them is negative.
     """
 
-    def __init__(self, *, allow_pickle: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        allow_pickle: bool = False,
+        check_memo_size: int = DEFAULT_CHECK_MEMO_SIZE,
+        check_memo_max_bytes: int = DEFAULT_CHECK_MEMO_MAX_BYTES,
+    ) -> None:
+        _check_memo_setting("check_memo_size", check_memo_size)
+        _check_memo_setting("check_memo_max_bytes", check_memo_max_bytes)
         self._allow_pickle = allow_pickle
+        # id(payload) -> (payload, what check encoded): see "Encoded once" above.
+        self._memo: dict[int, tuple[object, tuple[int, str, bytes]]] = {}
+        self._memo_size = check_memo_size
+        # -1 with the memo off: one comparison in check says "keep it" or not.
+        self._memo_max_bytes = check_memo_max_bytes if check_memo_size else -1
         self._lock = threading.Lock()
         self._by_id: dict[int, Serializer] = {}
         # Types bound by register(), in registration order, and their exact-type index.
@@ -287,6 +354,12 @@ class Serialization:
     @property
     def allow_pickle(self) -> bool:
         return self._allow_pickle
+
+    @property
+    def check_memo_count(self) -> int:
+        """How many payloads encoded by `check` wait in the memo for `serialize` (at most
+        ``check_memo_size``)."""
+        return len(self._memo)
 
     def register(self, serializer: Serializer, *, for_types: tuple[type, ...] = ()) -> None:
         """Add a user serializer, and bind it to ``for_types`` and their subclasses.
@@ -317,7 +390,9 @@ class Serialization:
         self._add(serializer, for_types)
 
     def serialize(self, obj: object) -> tuple[int, str, bytes]:
-        """Write ``obj`` with the serializer chosen for its type.
+        """Write ``obj`` with the serializer chosen for its type; when `check` encoded
+        this very object and the memo still holds it, that encoding, taken out of the memo
+        (the module docstring, "Encoded once").
 
         Returns:
             ``(serializer_id, manifest, data)``.
@@ -325,6 +400,11 @@ class Serialization:
         Raises:
             SerializationError: no serializer takes this type, or the serializer failed.
         """
+        memo = self._memo
+        if memo:
+            entry = memo.pop(id(obj), None)
+            if entry is not None and entry[0] is obj:
+                return entry[1]
         cls = type(obj)
         binding = self._resolved.get(cls)
         if binding is None:
@@ -335,9 +415,61 @@ class Serialization:
         except SerializationError:
             raise
         except Exception as e:
-            raise SerializationError(
-                f"serializer {serializer_id} failed to write {_type_name(cls)}: {e!r}"
-            ) from e
+            raise _write_failed(serializer_id, cls, e) from e
+
+    def check(self, obj: object) -> None:
+        """Raise the `SerializationError` that `serialize` would raise for ``obj``; else
+        keep its encoding for `serialize` to take when ``obj`` is sent (the module
+        docstring, "Encoded once"). A value of exactly ``bytes`` written by the built-in
+        bytes serializer (it cannot fail) and an ASCII ``str`` are not encoded: finding
+        their serializer is all it takes. What a producer calls on each payload before it
+        accepts it for a transport or a store that will serialize it
+        (`pykka_delivery.protocol.payload_check`).
+
+        Raises:
+            SerializationError: as `serialize`.
+        """
+        cls = type(obj)
+        binding = self._resolved.get(cls)
+        if binding is None:
+            binding = self._resolve(cls)
+        serializer_id, manifest, to_bytes = binding
+        # Ids below 100 are the built-ins': these two cannot fail on what is tested here.
+        if serializer_id == BYTES and cls is bytes:
+            return
+        if serializer_id == STR and isinstance(obj, str) and obj.isascii():
+            return
+        try:
+            encoded = serializer_id, manifest(obj), to_bytes(obj)
+        except SerializationError:
+            raise
+        except Exception as e:
+            raise _write_failed(serializer_id, cls, e) from e
+        if len(encoded[2]) <= self._memo_max_bytes:
+            memo = self._memo
+            memo[id(obj)] = (obj, encoded)  # replaces an older entry of the same object
+            if len(memo) > self._memo_size:
+                self._drop_oldest(memo)
+
+    def _drop_oldest(self, memo: dict[int, tuple[object, tuple[int, str, bytes]]]) -> None:
+        """Drop the oldest entries past ``check_memo_size`` (their payloads are encoded
+        again when sent)."""
+        while len(memo) > self._memo_size:
+            try:
+                del memo[next(iter(memo))]
+            except (RuntimeError, KeyError, StopIteration):
+                return  # another thread changed the memo meanwhile: the next check goes on
+
+    def always_writes(self, cls: type) -> bool:
+        """True when every value of exactly ``cls`` is written without fail: ``cls`` goes
+        to the built-in bytes serializer. A caller may skip `check` for such values."""
+        binding = self._resolved.get(cls)
+        if binding is None:
+            try:
+                binding = self._resolve(cls)
+            except SerializationError:
+                return False
+        return binding[0] == BYTES
 
     def deserialize(self, serializer_id: int, manifest: str, data: bytes) -> object:
         """Rebuild a value written by :meth:`serialize` (here or in another process).
@@ -389,7 +521,7 @@ class Serialization:
                     f"Serialization.register(serializer, for_types=({cls.__qualname__},)); "
                     + _PICKLE_DISABLED
                 )
-            binding = _bind(serializer)
+            binding = _bind(serializer, cls)
             self._resolved[cls] = binding
             return binding
 

@@ -17,6 +17,7 @@ from pykka_delivery.protocol import (
     PICKLE,
     PROTOBUF,
     STR,
+    ProtobufSerializer,
     Serialization,
     SerializationError,
     default_serialization,
@@ -167,6 +168,27 @@ def test_protobuf_message_round_trips_by_full_name() -> None:
     restored = default_serialization.deserialize(serializer_id, manifest, data)
     assert type(restored) is Request
     assert restored == request
+
+
+@given(
+    st.builds(
+        Request,
+        confirmed_seq_nr=st.integers(0, 2**40),
+        request_up_to_seq_nr=st.integers(0, 2**40),
+        support_resend=st.booleans(),
+        via_timeout=st.booleans(),
+    )
+)
+def test_a_protobuf_message_is_written_as_the_protobuf_serializer_writes_it(
+    request: Request,
+) -> None:
+    # The registry binds each message type once (its manifest, its SerializeToString):
+    # a short cut that must write what the serializer's own methods write.
+    serializer = ProtobufSerializer()
+
+    written = Serialization().serialize(request)
+
+    assert written == (PROTOBUF, serializer.manifest(request), serializer.to_bytes(request))
 
 
 def test_protobuf_message_of_a_module_not_imported_is_a_clear_error() -> None:

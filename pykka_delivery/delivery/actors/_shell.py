@@ -13,6 +13,11 @@ would stop the pykka actor and lose every unconfirmed message with it.
 * `ProducerShell`: the producer controllers' base: a producer session (session/producer.py)
   takes every message; when a store of its durable queue fails every attempt, the session
   closes and the actor stops (Akka's controller crashes there; so do we, cleanly).
+* `SendNextAdapter`, `AskNextAdapter`: ``RequestNext.send_next_to`` and ``ask_next_to``.
+  They check the payload in the producer's own thread with the core's payload gate, so
+  that a payload that cannot be encoded for where it goes raises to the producer (its
+  ``tell`` raises `SerializationError`, nothing is sent, its `RequestNext` still holds)
+  instead of being refused later in the actor, where only the log would say so.
 """
 
 from __future__ import annotations
@@ -27,13 +32,21 @@ from typing import Any
 import pykka
 
 from pykka_delivery.delivery.core.effects import Effect
-from pykka_delivery.delivery.messages import SendNext
+from pykka_delivery.delivery.core.payload_gate import PayloadGate
+from pykka_delivery.delivery.messages import MessageWithConfirmation, SendNext
 from pykka_delivery.delivery.session.producer import BaseProducerSession
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import Ref
 
-__all__ = ["ControllerActor", "ProducerShell", "SendNextAdapter", "ShellActor", "quiet_tell"]
+__all__ = [
+    "AskNextAdapter",
+    "ControllerActor",
+    "ProducerShell",
+    "SendNextAdapter",
+    "ShellActor",
+    "quiet_tell",
+]
 
 
 def quiet_tell(ref: Ref) -> Callable[[Any], None]:
@@ -47,20 +60,61 @@ def quiet_tell(ref: Ref) -> Callable[[Any], None]:
     return tell
 
 
-class SendNextAdapter:
-    """``RequestNext.send_next_to``: wraps the producer's message so it cannot be mistaken
-    for a control message (Akka's message adapter)."""
+class _CheckingAdapter:
+    """Tells the controller's actor what the producer sends, its payload checked first
+    with ``gate`` (the core's, set once the core exists; None: no check)."""
 
-    __slots__ = ("_ref",)
+    __slots__ = ("_ref", "gate")
 
     def __init__(self, ref: Ref) -> None:
         self._ref = ref
+        self.gate: PayloadGate | None = None
+
+    def _check(self, payload: object) -> None:
+        gate = self.gate
+        if gate is not None:
+            check = gate.check
+            if check is not None and type(payload) is not check.unchecked:
+                gate.refuse((payload,))
+
+
+class SendNextAdapter(_CheckingAdapter):
+    """``RequestNext.send_next_to``: wraps the producer's message so it cannot be mistaken
+    for a control message (Akka's message adapter).
+
+    Raises (from ``tell``):
+        SerializationError: the payload cannot be encoded for where it goes (nothing was
+            sent; the `RequestNext` still holds).
+    """
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"SendNextTo({self._ref!r})"
 
     def tell(self, message: Any) -> None:
+        self._check(message)
         self._ref.tell(SendNext(message))
+
+
+class AskNextAdapter(_CheckingAdapter):
+    """``RequestNext.ask_next_to``: tells the controller a `MessageWithConfirmation` (or
+    anything else) as it is.
+
+    Raises (from ``tell``):
+        SerializationError: as `SendNextAdapter`'s, for the message a
+            `MessageWithConfirmation` carries.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"AskNextTo({self._ref!r})"
+
+    def tell(self, message: Any) -> None:
+        if type(message) is MessageWithConfirmation:
+            self._check(message.message)
+        self._ref.tell(message)
 
 
 class ShellActor(pykka.ThreadingActor):

@@ -8,7 +8,10 @@ Usage, in Akka's shape::
 
 On each `RequestNext` the producer sends one message with
 ``request_next.send_next_to.tell(message)`` (or asks for a confirmation with
-``request_next.ask_next_to.tell(MessageWithConfirmation(message, reply_to))``).
+``request_next.ask_next_to.tell(MessageWithConfirmation(message, reply_to))``). When the
+consumer side is in another process (or the durable queue stores bytes), that ``tell``
+checks the payload in the producer's thread and raises `SerializationError` if it cannot
+be encoded: nothing is sent, and the `RequestNext` still holds (send another message).
 
 With a durable queue (``ProducerController.start("orders", durable_queue=queue)``) every
 message is stored before it is sent, and a controller started again with the same
@@ -24,7 +27,7 @@ from typing import Any
 
 import pykka
 
-from pykka_delivery.delivery.actors._shell import ProducerShell, SendNextAdapter
+from pykka_delivery.delivery.actors._shell import AskNextAdapter, ProducerShell, SendNextAdapter
 from pykka_delivery.delivery.core.producer import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.messages import (
@@ -84,15 +87,19 @@ class ProducerController(ProducerShell):
         durable, state = load_durable(
             durable_queue, settings, f"ProducerController {producer_id!r}"
         )
+        send_next, ask_next = SendNextAdapter(self.actor_ref), AskNextAdapter(self.actor_ref)
         self.core = ProducerCore(
             producer_id,
             self.self_ref,
-            SendNextAdapter(self.actor_ref),
+            send_next,
             settings,
             serialization,
             durable_state=state,
             clock_millis=clock_millis,
+            payload_encoders=(durable_queue,),
+            ask_next_to=ask_next,
         )
+        send_next.gate = ask_next.gate = self.core.gate
         self._session = ProducerSession(
             self.core,
             self._timers,

@@ -12,7 +12,10 @@ On each `RequestNext` the producer sends one message with
 ``request_next.send_next_to.tell(message)``, or asks to be told the message's seq_nr once
 a worker confirmed it with ``request_next.ask_next_to.tell(MessageWithConfirmation(message,
 reply_to))`` (with a durable queue: once it is stored). Each message goes to one worker
-with demand; the messages a worker leaves unconfirmed go to the others.
+with demand; the messages a worker leaves unconfirmed go to the others. When a worker is
+in another process (or the durable queue stores bytes), that ``tell`` checks the payload
+in the producer's thread and raises `SerializationError` if it cannot be encoded: nothing
+is sent, and the `RequestNext` still holds.
 
 Workers are found through a `ServiceRegistry` (registry.py; the process-wide one unless
 another is given): the controller subscribes to the service key when it starts and
@@ -25,7 +28,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from pykka_delivery.delivery.actors._shell import ProducerShell, SendNextAdapter, quiet_tell
+from pykka_delivery.delivery.actors._shell import (
+    AskNextAdapter,
+    ProducerShell,
+    SendNextAdapter,
+    quiet_tell,
+)
 from pykka_delivery.delivery.core.settings import WorkPullingSettings
 from pykka_delivery.delivery.core.work_pulling import (
     GetWorkerStats,
@@ -145,16 +153,19 @@ class WorkPullingProducerController(ProducerShell):
             local = _WorkerRef(actor_ref, worker_id)
             return local if worker_ref_factory is None else worker_ref_factory(local, worker_id)
 
+        send_next, ask_next = SendNextAdapter(actor_ref), AskNextAdapter(actor_ref)
         self.core = WorkPullingCore(
             producer_id,
-            SendNextAdapter(actor_ref),
-            actor_ref,
+            send_next,
+            ask_next,
             worker_ref,
             self.settings,
             rng=rng,
             durable_state=state,
             clock_millis=clock_millis,
+            payload_encoders=(durable_queue,),
         )
+        send_next.gate = ask_next.gate = self.core.gate
         self._session = WorkPullingSession(
             self.core,
             self._timers,

@@ -19,6 +19,9 @@ Theory of operation (a port of Pekko's ``ProducerControllerImpl``; names kept):
   (messages were lost), the window is widened from ``current_seq_nr``.
 * Large messages are cut into chunks, one seq_nr each; the producer gets no `RequestNext`
   until the last chunk is sent.
+* A payload that cannot be encoded for where it goes is refused before it is numbered
+  (core/payload_gate.py). With chunking on, cutting it serializes it, which refuses it
+  the same way, so the gate is off.
 * Durable mode (a `DurableProducerState` loaded from a durable producer queue is given):
   every message, or every chunk, is stored before it is sent (`StoreMessageSent` comes
   before its `Send`), a `MessageWithConfirmation` is answered as soon as it is stored, and
@@ -32,19 +35,22 @@ marked where it applies: P1 (a window reaching exactly ``current_seq_nr`` grants
 P2 (``Resend`` marks the head first before resending it), P3 (a durable reload starts the
 resend-first timer) and P16 (a session's first confirmation pushes only the backlog).
 
-The core has one owner: only this module assigns its fields. It keeps them in a mutable
-slotted object, not a frozen record replaced per event: ``dataclasses.replace`` costs more
-than the handles' whole per-message budget (bench/RESULTS.md, "Hot paths"). `snapshot()`
-gives the frozen view the tests assert on.
+The core has one owner: only this module and ``producer_control.py`` assign its fields.
+This module has the flow (the producer's messages, the consumer side's `Request` and
+`Ack`, the sends and confirmations they make); ``producer_control.py``, which the core
+inherits (no call goes through an extra layer), the control inputs (registrations,
+`Resend`, timers, closing), the durable reload and the resends. The fields are kept in a
+mutable slotted object, not a frozen record replaced per event: ``dataclasses.replace``
+costs more than the handles' whole per-message budget (bench/RESULTS.md, "Hot paths").
+`snapshot()` gives the frozen view the tests assert on.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pykka_delivery.delivery.core.chunking import sequenced_chunks
@@ -58,8 +64,22 @@ from pykka_delivery.delivery.core.effects import (
     store_all_sent,
     store_sent,
 )
+from pykka_delivery.delivery.core.payload_gate import PayloadGate
+from pykka_delivery.delivery.core.producer_control import (
+    RESEND_FIRST,
+    STUCK_CHECK,
+    ProducerControl,
+    no_clock,
+)
+from pykka_delivery.delivery.core.producer_records import (
+    ACTIVE as _ACTIVE,
+)
+from pykka_delivery.delivery.core.producer_records import (
+    WAITING_FOR_INITIALIZATION as _WAITING_FOR_INITIALIZATION,
+)
 from pykka_delivery.delivery.core.producer_records import (
     ProducerCounters,
+    ProducerPhase,
     ProducerSnapshot,
     ProducerStats,
     cannot_handle_message,
@@ -70,7 +90,6 @@ from pykka_delivery.delivery.core.stuck import StuckCheck
 from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
-    RequestNext,
     SendNext,
 )
 from pykka_delivery.errors import LocalProtocolError
@@ -84,6 +103,7 @@ from pykka_delivery.protocol.messages import (
     SequencedMessage,
     new_sequenced_message,
 )
+from pykka_delivery.protocol.payload_check import PayloadCheck
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
 __all__ = [
@@ -97,33 +117,10 @@ __all__ = [
 
 logger = logging.getLogger("pykka_delivery.producer")
 
-STUCK_CHECK = "stuck_check"
-"""Key of the timer that looks for messages unconfirmed longer than ``stuck_after``."""
-
-RESEND_FIRST = "resend_first"
-"""Key of the timer that resends the first message of a session until it is confirmed."""
-
-
 _NOTHING = object()  # an exhausted iterator's marker in on_msg_batch
 
 
-def _no_clock() -> int:
-    msg = "ProducerCore without a durable_state reads no clock"
-    raise AssertionError(msg)
-
-
-class ProducerPhase(enum.Enum):
-    WAITING_FOR_INITIALIZATION = "waiting_for_initialization"  # needs producer and consumer
-    ACTIVE = "active"
-
-
-# The phases as module globals: the hot paths compare phases on every message, and a
-# global is several times cheaper to read than an enum member.
-_WAITING_FOR_INITIALIZATION = ProducerPhase.WAITING_FOR_INITIALIZATION
-_ACTIVE = ProducerPhase.ACTIVE
-
-
-class ProducerCore:
+class ProducerCore(ProducerControl):
     """State machine of one producer controller.
 
     Args:
@@ -141,41 +138,25 @@ class ProducerCore:
             (see the module docstring) and starts from it. None: no durable queue.
         clock_millis: the wall clock in milliseconds since the epoch, for the timestamps
             of what is stored; required with ``durable_state`` (the core reads no clock).
+        payload_encoders: what encodes every payload besides the consumer side's ref (the
+            durable queue), for the payload gate (``gate``).
+        check_payloads: False: the gate is off, the owner checks (a work-pulling core).
+        ask_next_to: given to the producer as ``RequestNext.ask_next_to``; default
+            ``self_ref``.
 
     Raises:
         ValueError: ``durable_state`` without ``clock_millis``.
     """
 
+    # The rest of its state is in ProducerControl's slots.
     __slots__ = (
         "_announce",
-        "_backlog_end",
         "_chunk_size",
-        "_clock",
-        "_closed",
-        "_counts",
-        "_durable",
-        "_fast_up_to",
         "_handlers",
-        "_plain",
         "_start_seq_nr",
-        "_stuck",
-        "confirmed_seq_nr",
-        "consumer",
-        "current_seq_nr",
-        "first_seq_nr",
-        "phase",
-        "producer",
-        "producer_id",
-        "remaining_chunks",
         "replies",
-        "requested",
-        "requested_seq_nr",
-        "self_ref",
-        "send_next_to",
         "serialization",
-        "settings",
         "support_resend",
-        "unconfirmed",
     )
 
     def __init__(
@@ -189,14 +170,25 @@ class ProducerCore:
         announce_demand: bool = True,
         durable_state: DurableProducerState | None = None,
         clock_millis: Callable[[], int] | None = None,
+        payload_encoders: Sequence[object] = (),
+        check_payloads: bool = True,
+        ask_next_to: Ref | None = None,
     ) -> None:
         self.producer_id = producer_id
         self._announce = announce_demand
         self.self_ref = self_ref
+        self.ask_next_to = self_ref if ask_next_to is None else ask_next_to
         self.send_next_to = send_next_to
         self.settings = settings or ProducerControllerSettings()
         self.serialization = serialization or default_serialization
         self._chunk_size = self.settings.chunk_large_messages
+        # Chunks are serialized bytes already: what carries or stores them never encodes.
+        self.gate = PayloadGate(
+            f"producer {producer_id!r}",
+            payload_encoders,
+            enabled=check_payloads and not self._chunk_size,
+        )
+        self._check = self.gate.check  # read once per message: one attribute, not two
         self.phase = _WAITING_FOR_INITIALIZATION
         self.producer: Ref | None = None
         self.consumer: Ref | None = None
@@ -217,7 +209,7 @@ class ProducerCore:
         self._stuck = StuckCheck(producer_id, self.settings.stuck_after)
         self._durable = durable_state is not None
         self._closed = False  # on_closed counted what it lost
-        self._clock: Callable[[], int] = clock_millis or _no_clock
+        self._clock: Callable[[], int] = clock_millis or no_clock
         if durable_state is not None:
             if clock_millis is None:
                 msg = (
@@ -283,24 +275,10 @@ class ProducerCore:
     def snapshot(self) -> ProducerSnapshot:
         return ProducerSnapshot.of(self)
 
-    def on_closed(self) -> tuple[int, int] | None:
-        """The producer is closed for good. Without a durable queue what is still
-        unconfirmed is never resent: counted once (``lost_on_close``), and its first and
-        last seq_nr returned; None when nothing is lost (all confirmed, durable, or counted
-        by an earlier call)."""
-        if self._durable or self._closed:
-            return None
-        self._closed = True
-        pending = [*self.unconfirmed, *self.remaining_chunks]
-        first = pending[0].seq_nr if pending else self.confirmed_seq_nr + 1
-        last = max(self.current_seq_nr - 1, pending[-1].seq_nr if pending else 0)
-        if last < first:
-            return None
-        self._counts.lost_on_close += last - first + 1
-        return first, last
-
     def statistics(self) -> ProducerStats:
-        return self._counts.statistics(self.current_seq_nr - self._start_seq_nr, self._stuck)
+        return self._counts.statistics(
+            self.current_seq_nr - self._start_seq_nr, self._stuck, self.gate.refused
+        )
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -310,6 +288,8 @@ class ProducerCore:
         Raises:
             LocalProtocolError: the message is not one a producer controller handles, or
                 breaks the protocol in the current state; the state did not change.
+            SerializationError: the producer's message cannot be encoded for where it goes
+                (see `on_msg`); the state did not change.
         """
         handler = self._handlers.get(type(message))
         if handler is None:
@@ -317,46 +297,20 @@ class ProducerCore:
             raise LocalProtocolError(cannot_handle_message(self, message))
         return handler(message)
 
-    def on_start(self, producer: Ref) -> list[Effect]:
-        """A producer registers (`ProducerStart`), perhaps replacing an earlier one."""
-        self.producer = producer
-        if self.phase is _WAITING_FOR_INITIALIZATION:
-            return self._become_active_if_ready()
-        logger.debug(
-            "Register new producer for %r, current_seq_nr %d", self.producer_id, self.current_seq_nr
-        )
-        if self.requested and not self.remaining_chunks:
-            return [Send(producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
-        return []
-
-    def on_register_consumer(self, consumer_controller: Ref) -> list[Effect]:
-        """Connect to a (new) consumer controller; the next message starts its session."""
-        self.consumer = consumer_controller
-        if self.phase is _WAITING_FOR_INITIALIZATION:
-            return self._become_active_if_ready()
-        self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else self.current_seq_nr
-        self._backlog_end = self.current_seq_nr - 1
-        logger.debug(
-            "Register new consumer controller for %r, starting with seq_nr %d",
-            self.producer_id,
-            self.first_seq_nr,
-        )
-        if not self.unconfirmed:
-            return []
-        # Only the first unconfirmed goes now; the rest follow its confirmation (on_request).
-        effects: list[Effect] = [StartTimer(RESEND_FIRST, self.settings.resend_first_interval)]
-        self._resend_first(effects)
-        return effects
-
     def on_msg(self, message: object, reply_to: Ref | None = None) -> list[Effect]:
         """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`).
 
         Raises:
             LocalProtocolError: there is no demand (no `RequestNext` outstanding).
+            SerializationError: its payload cannot be encoded for the consumer side or
+                the durable queue (``gate``); nothing was numbered.
         """
         if not self.has_demand:
             self._counts.rejected += 1
             raise LocalProtocolError(no_demand_message(self, active=self.phase is _ACTIVE))
+        check = self._check
+        if check is not None and type(message) is not check.unchecked:
+            self.gate.refuse_one(message)
         current = self.current_seq_nr
         ack = reply_to is not None
         effects: list[Effect] = []
@@ -388,14 +342,19 @@ class ProducerCore:
         self._send_new(seq_msg, effects, True)
         return effects
 
-    def on_msg_batch(self, messages: Iterator[Any]) -> list[Effect]:
+    def on_msg_batch(
+        self, messages: Iterator[Any], checked: PayloadCheck | None = None
+    ) -> list[Effect]:
         """`on_msg` for several messages at once: takes from ``messages`` as many as the
         window allows now (one when chunking is on: its chunks must go first). In durable
         mode one `StoreMessagesSent` stores them all before their sends. For an owner that
         does not announce demand (a handle); the number taken shows in `last_seq_nr`.
+        Their payloads are checked unless ``checked`` is the check in force (the caller
+        applied it to them: ``gate.refuse``).
 
         Raises:
             LocalProtocolError: there is no demand.
+            SerializationError: a payload cannot be encoded: none of those taken is sent.
         """
         if not self.has_demand:
             self._counts.rejected += 1
@@ -407,6 +366,8 @@ class ProducerCore:
         effects: list[Effect] = []
         if not batch:
             return effects
+        if self._check is not None:
+            self.gate.refuse(batch, checked)
         producer_id, self_ref = self.producer_id, self.self_ref
         start = self.current_seq_nr
         seq_msgs = [
@@ -423,6 +384,14 @@ class ProducerCore:
             self._send_new(seq_msg, effects, seq_msg is last)
         return effects
 
+    def on_refused(self) -> list[Effect]:
+        """The producer's message was refused for its payload (`SerializationError` from
+        `on_msg`: nothing changed): the producer, which used its `RequestNext` on it, is
+        told it again."""
+        if not self._announce or self.producer is None or not self.has_demand:
+            return []
+        return [Send(self.producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
+
     def next_message(self, message: object) -> SequencedMessage | None:
         """`on_msg` for the steady state of a core that does not announce demand: number
         ``message`` and keep it for resending, with no effects. The caller tells the
@@ -430,10 +399,16 @@ class ProducerCore:
         when `on_msg` is needed: no demand, chunking on, durable mode (the message must be
         stored first), or the first message of a session (which starts the first-resend
         timer).
+
+        Raises:
+            SerializationError: as `on_msg` (nothing changed).
         """
         current = self.current_seq_nr
         if not self.first_seq_nr < current <= self._fast_up_to:
             return None
+        check = self._check
+        if check is not None and type(message) is not check.unchecked:
+            self.gate.refuse_one(message)
         seq_msg = new_sequenced_message(
             self.producer_id, current, message, False, False, self.self_ref
         )
@@ -493,89 +468,7 @@ class ProducerCore:
             self._push_backlog(effects)
         return effects
 
-    def on_resend(self, from_seq_nr: int) -> list[Effect]:
-        """The consumer side saw a gap: resend everything unconfirmed from ``from_seq_nr``."""
-        self._counts.resend_requests += 1
-        unconfirmed = self.unconfirmed
-        if unconfirmed and from_seq_nr < unconfirmed[0].seq_nr:
-            # P2: mark the head first *before* resending, so a fresh consumer accepts it now.
-            # Also when the consumer asks for seq_nrs confirmed already: confirmed by the
-            # consumer before it, whose last Ack arrived after this one registered (a
-            # hand-over). They cannot be resent; the consumer restarts its session at the
-            # head, which it accepts as first (consumer_core, `_resending`).
-            unconfirmed[0] = unconfirmed[0].as_first()
-        effects: list[Effect] = []
-        self._resend([m for m in unconfirmed if m.seq_nr >= from_seq_nr], effects)
-        return effects
-
-    def on_timer(self, key: str) -> list[Effect]:
-        """A timer started by this core fired."""
-        if key == STUCK_CHECK:
-            self._stuck.check(self._clock() / 1000, self.current_seq_nr - 1, self.confirmed_seq_nr)
-            return []
-        if key != RESEND_FIRST:
-            return []
-        effects: list[Effect] = []
-        if self.unconfirmed and self.unconfirmed[0].seq_nr == self.first_seq_nr:
-            self._resend_first(effects)
-        elif self.current_seq_nr > self.first_seq_nr:
-            effects.append(CancelTimer(RESEND_FIRST))
-        return effects
-
     # --- internals -------------------------------------------------------------------
-
-    def _become_active_if_ready(self) -> list[Effect]:
-        if self.producer is None or self.consumer is None:
-            return []
-        self.phase = _ACTIVE
-        stuck_after = self.settings.stuck_after
-        if stuck_after and self._clock is not _no_clock:
-            check: list[Effect] = [StartTimer(STUCK_CHECK, stuck_after / 4)]
-            return check + self._activate(self.producer)
-        return self._activate(self.producer)
-
-    def _activate(self, producer: Ref) -> list[Effect]:
-        logger.debug("ProducerController %r active", self.producer_id)
-        if self.unconfirmed:
-            # Reloaded from a durable queue: the first unconfirmed goes now, marked first,
-            # the rest once the consumer side confirms it (on_request); the producer waits
-            # for the consumer's Request. P3: the timer resends it if it is lost.
-            logger.debug(
-                "ProducerController %r starting with %d unconfirmed",
-                self.producer_id,
-                len(self.unconfirmed),
-            )
-            effects: list[Effect] = [StartTimer(RESEND_FIRST, self.settings.resend_first_interval)]
-            self._resend_first(effects)
-            return effects
-        self.requested = True
-        self._open_fast_path()
-        return [Send(producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
-
-    def _open_fast_path(self) -> None:
-        if self.requested and self._plain and self.phase is _ACTIVE:
-            self._fast_up_to = self.requested_seq_nr
-
-    def _load(self, state: DurableProducerState) -> None:
-        """Akka's ``createState``: continue from what the durable queue holds."""
-        # The queue drops partly stored chunked messages on load already; one that forgot
-        # must not make us resend half a message.
-        state = state.cleanup_partial_chunked_messages()
-        self.unconfirmed = deque(state.to_resend(self.producer_id, self.self_ref))
-        self.current_seq_nr = state.current_seq_nr
-        self.confirmed_seq_nr = state.highest_confirmed_seq_nr
-        # The Pekko fix (#2760): up to current_seq_nr, not 1, or the first send after a
-        # reload with nothing unconfirmed would be refused for lack of demand.
-        self.requested_seq_nr = state.current_seq_nr
-        # Akka: highest confirmed + 1, which is the same seq_nr for a point-to-point queue;
-        # taken from what is actually there, the first message sent is always marked first.
-        self.first_seq_nr = self.unconfirmed[0].seq_nr if self.unconfirmed else state.current_seq_nr
-        self._backlog_end = state.current_seq_nr - 1
-
-    def _request_next(self, current_seq_nr: int, confirmed_seq_nr: int) -> RequestNext:
-        return RequestNext(
-            self.producer_id, current_seq_nr, confirmed_seq_nr, self.send_next_to, self.self_ref
-        )
 
     def _send_new(self, seq_msg: SequencedMessage, effects: list[Effect], last: bool) -> None:
         """Akka's ``onMsg``: send one message (or chunk; ``last``: its last) in the window."""
@@ -628,30 +521,3 @@ class ProducerCore:
             self.confirmed_seq_nr = confirmed_seq_nr
             if self._durable:  # written behind: a lost one means a duplicate, not a loss
                 effects.append(StoreMessageConfirmed(confirmed_seq_nr, NO_QUALIFIER, self._clock()))
-
-    def _resend(self, messages: Any, effects: list[Effect]) -> None:
-        if not messages:
-            return
-        consumer = self.consumer
-        assert consumer is not None
-        logger.debug(
-            "Resending %r seq_nr %d-%d", self.producer_id, messages[0].seq_nr, messages[-1].seq_nr
-        )
-        for seq_msg in messages:
-            effects.append(Send(consumer, seq_msg))
-        self._counts.resent += len(messages)
-
-    def _push_backlog(self, effects: list[Effect]) -> None:
-        """The consumer controller confirmed its first message: send it what was sent
-        before it registered and is still unconfirmed (P16). What went out after it
-        registered reached it behind its first message, on the same ordered link; a loss
-        there shows as a gap or ends in its retry (``via_timeout``), which resends all."""
-        end = self._backlog_end
-        backlog = list(itertools.takewhile(lambda m: m.seq_nr <= end, self.unconfirmed))
-        self._resend(backlog, effects)
-
-    def _resend_first(self, effects: list[Effect]) -> None:
-        assert self.consumer is not None
-        logger.debug("Resending first %r seq_nr %d", self.producer_id, self.first_seq_nr)
-        effects.append(Send(self.consumer, self.unconfirmed[0].as_first()))
-        self._counts.resent += 1

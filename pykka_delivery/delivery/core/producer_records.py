@@ -1,24 +1,41 @@
-"""What a `ProducerCore` shows of itself: `ProducerSnapshot` (its state, seq_nrs only),
-`ProducerStats` (its counters, kept in a `ProducerCounters`) and the wording of its
-refusals. The core module counts and changes its state; nothing here does.
+"""What a `ProducerCore` is and shows of itself: its phases (`ProducerPhase`),
+`ProducerSnapshot` (its state, seq_nrs only), `ProducerStats` (its counters, kept in a
+`ProducerCounters`) and the wording of its refusals. The core modules count and change its
+state; nothing here does.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pykka_delivery.delivery.core.producer import ProducerCore, ProducerPhase
+    from pykka_delivery.delivery.core.producer import ProducerCore
     from pykka_delivery.delivery.core.stuck import StuckCheck
 
 __all__ = [
+    "ACTIVE",
+    "WAITING_FOR_INITIALIZATION",
     "ProducerCounters",
+    "ProducerPhase",
     "ProducerSnapshot",
     "ProducerStats",
     "cannot_handle_message",
     "no_demand_message",
 ]
+
+
+class ProducerPhase(enum.Enum):
+    WAITING_FOR_INITIALIZATION = "waiting_for_initialization"  # needs producer and consumer
+    ACTIVE = "active"
+
+
+# The phases as module globals, for the modules of the producer core: the hot paths compare
+# phases on every message, and a global is several times cheaper to read than an enum
+# member.
+WAITING_FOR_INITIALIZATION = ProducerPhase.WAITING_FOR_INITIALIZATION
+ACTIVE = ProducerPhase.ACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +88,9 @@ class ProducerStats:
         lost_on_close: messages still unconfirmed when the producer was closed without a
             durable queue: never resent, so lost unless the consumer had them (each close
             that lost some is logged as a warning naming their seq_nrs).
+        refused_payloads: messages refused when sent because their payload cannot be
+            encoded for the consumer side's transport or the durable queue (the send
+            raised `SerializationError`; nothing was numbered).
     """
 
     sent: int
@@ -83,6 +103,7 @@ class ProducerStats:
     stuck: int
     stuck_reports: int
     lost_on_close: int
+    refused_payloads: int = 0
 
 
 class ProducerCounters:
@@ -102,8 +123,9 @@ class ProducerCounters:
         self.resent = self.requests = self.resend_requests = 0
         self.acks = self.rejected = self.stored = self.lost_on_close = 0
 
-    def statistics(self, sent: int, stuck: StuckCheck) -> ProducerStats:
-        """The counters with ``sent`` and ``stuck``'s gauge, as a frozen snapshot."""
+    def statistics(self, sent: int, stuck: StuckCheck, refused_payloads: int) -> ProducerStats:
+        """The counters with ``sent``, ``stuck``'s gauge and the payload gate's count, as
+        a frozen snapshot."""
         return ProducerStats(
             sent=sent,
             resent=self.resent,
@@ -115,6 +137,7 @@ class ProducerCounters:
             stuck=stuck.stuck,
             stuck_reports=stuck.reports,
             lost_on_close=self.lost_on_close,
+            refused_payloads=refused_payloads,
         )
 
 

@@ -25,6 +25,10 @@ Theory of operation (a port of Pekko's ``WorkPullingProducerControllerImpl``; na
 * Every accepted message is numbered (``current_seq_nr``) across all workers. The reply to
   a `MessageWithConfirmation` is that number, told when the worker confirms the message,
   or, with a durable queue, once it is stored.
+* A payload is checked before it is numbered (core/payload_gate.py) for every worker
+  registered and the durable queue, since a message may go to any worker and moves when
+  its worker leaves. One accepted before a worker it cannot be encoded for registered is
+  dropped when it would go out, logged as an error, and counted ``refused_payloads``.
 
 With a durable queue (a loaded `DurableProducerState` given to the constructor) the core
 emits, before each message is sent, `StoreMessageSent` with the worker's id as confirmation
@@ -34,17 +38,18 @@ that left, or reloaded from the queue) is stored again under a new seq_nr and th
 worker's qualifier, then its old entry is confirmed: Akka's hand-over. The messages loaded
 unconfirmed fill the buffer, so the producer gets no `RequestNext` before they are sent.
 
-The core has one owner: only this module assigns its fields (mutable, like `ProducerCore`'s;
-`snapshot()` gives the frozen view tests assert on).
+The core has one owner: only this module and ``work_pulling_workers.py`` (the workers'
+listing and answers, which the core inherits: no call goes through an extra layer) assign
+its fields (mutable, like `ProducerCore`'s; `snapshot()` gives the frozen view tests
+assert on).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pykka_delivery.delivery.core.durable_state import (
@@ -53,14 +58,12 @@ from pykka_delivery.delivery.core.durable_state import (
     MessageSent,
 )
 from pykka_delivery.delivery.core.effects import (
-    CancelTimer,
     Effect,
     Send,
-    StartTimer,
     StoreMessageConfirmed,
     StoreMessageSent,
 )
-from pykka_delivery.delivery.core.producer import RESEND_FIRST, ProducerCore
+from pykka_delivery.delivery.core.payload_gate import PayloadGate
 from pykka_delivery.delivery.core.settings import WorkPullingSettings
 from pykka_delivery.delivery.core.work_pulling_records import (
     CurrentWorkers,
@@ -71,7 +74,8 @@ from pykka_delivery.delivery.core.work_pulling_records import (
     WorkPullingSnapshot,
     WorkPullingStats,
 )
-from pykka_delivery.delivery.core.workers import NOWHERE, Pending, SentToWorker, Worker
+from pykka_delivery.delivery.core.work_pulling_workers import WorkPullingWorkers
+from pykka_delivery.delivery.core.workers import Pending, SentToWorker, Worker
 from pykka_delivery.delivery.messages import (
     MessageWithConfirmation,
     ProducerStart,
@@ -80,14 +84,13 @@ from pykka_delivery.delivery.messages import (
 )
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import (
-    Ack,
     ChunkedMessage,
     PeerLinkChanged,
     Ref,
-    Request,
-    Resend,
     SequencedMessage,
 )
+from pykka_delivery.protocol.payload_check import PayloadCheck
+from pykka_delivery.protocol.serialization import SerializationError
 
 __all__ = [
     "CurrentWorkers",
@@ -103,10 +106,7 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.work_pulling")
 
 
-_WORKER_INPUTS = (Request, Ack, Resend)
-
-
-class WorkPullingCore:
+class WorkPullingCore(WorkPullingWorkers):
     """State machine of one work-pulling producer controller.
 
     Args:
@@ -132,6 +132,8 @@ class WorkPullingCore:
             ``resend_interval_min``). An `Ack` per message is a message on the wire per
             message, back to the producer: across processes it costs more than a cheap
             message's own trip (see bench/workpull.py).
+        payload_encoders: what encodes every payload besides the workers' refs (the
+            durable queue), for the payload gate (``gate``).
 
     Raises:
         ValueError: ``durable_state`` without ``clock_millis``, or a durable state holding
@@ -150,8 +152,11 @@ class WorkPullingCore:
         durable_state: DurableProducerState | None = None,
         clock_millis: Callable[[], int] | None = None,
         ack_each_message: bool = True,
+        payload_encoders: Sequence[object] = (),
     ) -> None:
         self.producer_id = producer_id
+        self.gate = PayloadGate(f"work-pulling producer {producer_id!r}", payload_encoders)
+        self._check = self.gate.check  # read once per message: one attribute, not two
         self.send_next_to = send_next_to
         self._ack_each = ack_each_message
         self.ask_next_to = ask_next_to
@@ -234,22 +239,7 @@ class WorkPullingCore:
         return WorkerStats(len(self.workers))
 
     def snapshot(self) -> WorkPullingSnapshot:
-        return WorkPullingSnapshot(
-            current_seq_nr=self.current_seq_nr,
-            highest_confirmed_seq_nr=self.highest_confirmed_seq_nr,
-            requested=self.requested,
-            buffered=tuple(p.seq_nr for p in self.buffer),
-            workers=tuple(
-                WorkerSnapshot(
-                    worker_id=w.worker_id,
-                    producer_id=w.core.producer_id,
-                    consumer_controller=w.consumer_controller,
-                    has_demand=w.core.has_demand,
-                    unconfirmed=tuple(s.seq_nr for s in w.sent),
-                )
-                for w in self.workers.values()
-            ),
-        )
+        return WorkPullingSnapshot.of(self)
 
     def statistics(self) -> WorkPullingStats:
         return WorkPullingStats(
@@ -260,6 +250,7 @@ class WorkPullingCore:
             redelivered=self._redelivered,
             confirmed=self._confirmed,
             rejected=self._rejected,
+            refused_payloads=self.gate.refused,
         )
 
     # --- inputs ----------------------------------------------------------------------
@@ -270,6 +261,8 @@ class WorkPullingCore:
         Raises:
             LocalProtocolError: the message is not one this controller handles, or the
                 buffer is full; the state did not change.
+            SerializationError: the producer's message cannot be encoded for a worker or
+                the durable queue; the state did not change.
         """
         handler = self._handlers.get(type(message))
         if handler is None:
@@ -295,13 +288,21 @@ class WorkPullingCore:
             self._request_next_if_demand(effects)
         return effects
 
-    def on_msg(self, message: object, reply_to: Ref | None = None) -> list[Effect]:
-        """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`).
+    def on_msg(
+        self, message: object, reply_to: Ref | None = None, checked: PayloadCheck | None = None
+    ) -> list[Effect]:
+        """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`);
+        its payload is checked unless ``checked`` is the check in force.
 
         Raises:
             LocalProtocolError: the message was sent without a `RequestNext`, no worker has
                 demand and ``buffer_size`` messages wait already.
+            SerializationError: its payload cannot be encoded for a worker or the durable
+                queue (``gate``); nothing changed.
         """
+        check = self._check
+        if check is not None and check is not checked and type(message) is not check.unchecked:
+            self.gate.refuse_one(message)
         workers = self._workers_with_demand()
         if not self.requested and not workers and len(self.buffer) >= self.settings.buffer_size:
             self._rejected += 1
@@ -338,7 +339,17 @@ class WorkPullingCore:
         self._request_next_if_demand(effects)
         return effects
 
-    def next_message(self, message: object) -> tuple[Ref, SequencedMessage] | None:
+    def on_refused(self) -> list[Effect]:
+        """The producer's message was refused for its payload (`SerializationError` from
+        `on_msg`: nothing changed): the producer, which used its `RequestNext` on it, is
+        told it again."""
+        if self.producer is None or not self.requested:
+            return []
+        return [Send(self.producer, self._request_next())]
+
+    def next_message(
+        self, message: object, checked: PayloadCheck | None = None
+    ) -> tuple[Ref, SequencedMessage] | None:
         """`on_msg` for the steady state of an owner that reads demand instead of being
         told it (the `WorkPullingProducer` handle): pick a worker with demand, number
         ``message`` in its session and keep it as unconfirmed there, with no effects.
@@ -347,12 +358,19 @@ class WorkPullingCore:
         messages wait in the buffer, a durable queue (the message must be stored first),
         ``ack_each_message``, a registered producer (it must be told `RequestNext`), or
         the first message of the worker's session (which starts its first-resend timer).
+        Its payload is checked unless ``checked`` is the check in force.
+
+        Raises:
+            SerializationError: as `on_msg` (nothing changed).
         """
         if self.buffer or self.durable or self._ack_each or self.producer is not None:
             return None
         workers = self._workers_with_demand()
         if not workers:
             return None
+        check = self._check
+        if check is not None and check is not checked and type(message) is not check.unchecked:
+            self.gate.refuse_one(message)
         worker = self._rng.choice(workers)
         core = worker.core
         out_seq_nr = core.current_seq_nr
@@ -365,110 +383,6 @@ class WorkPullingCore:
         self._accepted += 1
         self._sent += 1
         return worker.consumer_controller, seq_msg
-
-    def on_worker_message(self, worker_id: str, message: object) -> list[Effect]:
-        """A worker's consumer controller answers its producer controller.
-
-        Raises:
-            LocalProtocolError: ``message`` is not a `Request`, `Ack` or `Resend`.
-        """
-        if type(message) is PeerLinkChanged:
-            # A transport exposing the worker's producer-controller ref tells it when the
-            # link to a peer changes: as for a point-to-point producer controller, the
-            # worker's consumer controller drives the recovery.
-            return []
-        if not isinstance(message, _WORKER_INPUTS):
-            self._rejected += 1
-            msg = (
-                f"WorkPullingProducerController {self.producer_id!r} cannot handle "
-                f"{type(message).__name__} from worker {worker_id!r}: a worker sends only "
-                "Request, Ack and Resend"
-            )
-            raise LocalProtocolError(msg)
-        worker = self.workers.get(worker_id)
-        if worker is None:
-            logger.debug(
-                "Ignored %s from worker %r of %r: it left",
-                type(message).__name__,
-                worker_id,
-                self.producer_id,
-            )
-            return []
-        effects: list[Effect] = []
-        self._absorb(worker, worker.core.receive(message), effects)
-        self._drain(effects)
-        self._request_next_if_demand(effects)
-        return effects
-
-    def on_current_workers(self, workers: Iterable[Ref]) -> list[Effect]:
-        """The registry's listing: start serving the new workers, and send the unconfirmed
-        messages of those that left to the others."""
-        current = dict.fromkeys(workers)  # in the listing's order, for reproducible runs
-        known = {w.consumer_controller for w in self.workers.values()}
-        effects: list[Effect] = []
-        for ref in current:
-            if ref not in known:
-                self._add_worker(ref, effects)
-        for worker in [w for w in self.workers.values() if w.consumer_controller not in current]:
-            self._remove_worker(worker, effects)
-        self._drain(effects)
-        self._request_next_if_demand(effects)
-        return effects
-
-    def on_timer(self, key: str) -> list[Effect]:
-        """A timer started by this core fired (``"<worker_id>/<key>"``: a worker's)."""
-        worker_id, _, inner_key = key.partition("/")
-        worker = self.workers.get(worker_id)
-        if worker is None:
-            return []
-        effects: list[Effect] = []
-        self._absorb(worker, worker.core.on_timer(inner_key), effects)
-        return effects
-
-    # --- workers ---------------------------------------------------------------------
-
-    def _add_worker(self, consumer_controller: Ref, effects: list[Effect]) -> None:
-        worker_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
-        core = ProducerCore(
-            f"{self.producer_id}-{worker_id}",
-            self._worker_ref(worker_id),
-            NOWHERE,
-            self.settings.producer_controller_settings,
-            announce_demand=False,  # its demand is read from it (has_demand)
-        )
-        worker = Worker(worker_id, consumer_controller, core)
-        self.workers[worker_id] = worker
-        logger.debug(
-            "Registered worker %r with producer id %r", consumer_controller, core.producer_id
-        )
-        self._absorb(worker, core.on_start(worker.demand_to), effects)
-        self._absorb(worker, core.on_register_consumer(consumer_controller), effects)
-
-    def _remove_worker(self, worker: Worker, effects: list[Effect]) -> None:
-        del self.workers[worker.worker_id]
-        effects.append(CancelTimer(worker.timer_key(RESEND_FIRST)))
-        sent = worker.sent
-        logger.debug(
-            "Deregistered worker %r with producer id %r, %d unconfirmed to send to others",
-            worker.consumer_controller,
-            worker.core.producer_id,
-            len(sent),
-        )
-        # To the back of the buffer: for work pulling the order does not matter (Akka).
-        for s in sent:
-            if self.durable:
-                self.buffer.append(Pending(s.seq_nr, s.message, None, worker.worker_id))
-            else:
-                self.buffer.append(Pending(s.seq_nr, s.message, s.reply_to, None))
-        self._redelivered += len(sent)
-        if sent and len(self.buffer) > self.settings.buffer_size:
-            logger.warning(
-                "Work-pulling producer %r holds %d messages for other workers, more than "
-                "buffer_size %d: all are kept, the producer waits until they are sent",
-                self.producer_id,
-                len(self.buffer),
-                self.settings.buffer_size,
-            )
 
     def _workers_with_demand(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.core.has_demand]
@@ -483,6 +397,8 @@ class WorkPullingCore:
             if not workers:
                 return
             pending = buffer.popleft()
+            if self._check is not None and not self._encodable(pending, effects):
+                continue
             worker = self._rng.choice(workers)
             seq_nr = pending.seq_nr
             if pending.stored_as is not None:
@@ -496,6 +412,27 @@ class WorkPullingCore:
                 )
             ack = pending.reply_to is not None or self._ack_each
             self._send_to(worker, seq_nr, pending.message, pending.reply_to, effects, ack=ack)
+
+    def _encodable(self, pending: Pending, effects: list[Effect]) -> bool:
+        """Whether ``pending`` passes the gate now. One accepted before a worker it cannot
+        be encoded for registered does not: it is dropped and logged (its stored entry
+        confirmed), rather than hold that worker's stream back for ever."""
+        try:
+            self.gate.refuse((pending.message,))
+        except SerializationError as error:
+            logger.error(
+                "Work-pulling producer %r drops seq_nr %d, accepted before a worker it "
+                "cannot be encoded for registered: %s",
+                self.producer_id,
+                pending.seq_nr,
+                error,
+            )
+            if pending.stored_as is not None:
+                effects.append(
+                    StoreMessageConfirmed(pending.seq_nr, pending.stored_as, self._now())
+                )
+            return False
+        return True
 
     def _send_to(
         self,
@@ -533,50 +470,6 @@ class WorkPullingCore:
             self.send_next_to,
             self.ask_next_to,
         )
-
-    # --- a worker's producer core ----------------------------------------------------
-
-    def _absorb(self, worker: Worker, inner: list[Effect], effects: list[Effect]) -> None:
-        """Carry over the effects of ``worker``'s producer core: what it tells its producer
-        (demand) and its confirmation replies are for this core; its timers get the
-        worker's prefix; the rest (sends to the worker) goes to the shell as it is.
-        Confirmations are read from the core's ``confirmed_seq_nr``, which every `Request`
-        and `Ack` of the worker moves, acknowledged messages or not."""
-        for effect in inner:
-            kind = type(effect)
-            if kind is Send:
-                assert isinstance(effect, Send)
-                to = effect.to
-                if to is not worker.confirmed_to and to is not worker.demand_to:
-                    effects.append(effect)  # demand and confirmations are read from the core
-            elif kind is StartTimer:
-                assert isinstance(effect, StartTimer)
-                effects.append(StartTimer(worker.timer_key(effect.key), effect.interval))
-            elif kind is CancelTimer:
-                assert isinstance(effect, CancelTimer)
-                effects.append(CancelTimer(worker.timer_key(effect.key)))
-            else:
-                effects.append(effect)
-        sent = worker.sent
-        if sent and sent[0].out_seq_nr <= worker.core.confirmed_seq_nr:
-            self._on_confirmed(worker, worker.core.confirmed_seq_nr, effects)
-
-    def _on_confirmed(self, worker: Worker, out_seq_nr: int, effects: list[Effect]) -> None:
-        """Akka's ``onAck``: ``worker`` confirmed its messages up to ``out_seq_nr``."""
-        sent = worker.sent
-        last = 0
-        while sent and sent[0].out_seq_nr <= out_seq_nr:
-            s = sent.popleft()
-            last = s.seq_nr
-            self._confirmed += 1
-            if s.reply_to is not None:
-                effects.append(Send(s.reply_to, s.seq_nr))
-        if not last:
-            return
-        self.highest_confirmed_seq_nr = max(self.highest_confirmed_seq_nr, last)
-        if self.durable:
-            # Written behind, at least once: a crash before it is stored resends the message.
-            effects.append(StoreMessageConfirmed(last, worker.worker_id, self._now()))
 
     # --- durable queue ---------------------------------------------------------------
 

@@ -7,9 +7,12 @@ Read from the core; nothing here assigns its state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.protocol.messages import Ref
+
+if TYPE_CHECKING:
+    from pykka_delivery.delivery.core.work_pulling import WorkPullingCore
 
 __all__ = [
     "CurrentWorkers",
@@ -96,6 +99,25 @@ class WorkPullingSnapshot:
     buffered: tuple[int, ...]
     workers: tuple[WorkerSnapshot, ...]
 
+    @classmethod
+    def of(cls, core: WorkPullingCore) -> WorkPullingSnapshot:
+        return cls(
+            current_seq_nr=core.current_seq_nr,
+            highest_confirmed_seq_nr=core.highest_confirmed_seq_nr,
+            requested=core.requested,
+            buffered=tuple(p.seq_nr for p in core.buffer),
+            workers=tuple(
+                WorkerSnapshot(
+                    worker_id=w.worker_id,
+                    producer_id=w.core.producer_id,
+                    consumer_controller=w.consumer_controller,
+                    has_demand=w.core.has_demand,
+                    unconfirmed=tuple(s.seq_nr for s in w.sent),
+                )
+                for w in core.workers.values()
+            ),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WorkPullingStats:
@@ -110,6 +132,10 @@ class WorkPullingStats:
             queue) to be sent to another.
         confirmed: messages a worker confirmed.
         rejected: inputs refused as protocol misuse or for a full buffer (see the log).
+        refused_payloads: messages refused because their payload cannot be encoded for a
+            worker or the durable queue: when sent (the send raised `SerializationError`),
+            or, accepted before such a worker registered, when they would go to it (each
+            logged as an error).
     """
 
     workers: int
@@ -119,3 +145,4 @@ class WorkPullingStats:
     redelivered: int
     confirmed: int
     rejected: int
+    refused_payloads: int = 0

@@ -59,9 +59,14 @@ class BlockingProducer(Generic[S]):
         one, it still saves a call per message. What the other side answers meanwhile is
         processed between batches.
 
+        All or nothing for payloads: once the first can go out, every one is checked for
+        where they go (``SerializationError``, nothing sent, if one cannot be encoded).
+
         Raises:
             DeliveryTimeout: not all were sent within ``timeout`` seconds; the error says
                 how many were (those are in the stream; the rest were not sent).
+            SerializationError: one cannot be encoded for the consumer side (a worker, for
+                a work-pulling producer) or the durable queue; none was sent.
             ClosedError: the producer was closed.
             DurableQueueError: storing failed every attempt (the producer is closed).
         """
@@ -70,6 +75,7 @@ class BlockingProducer(Generic[S]):
         deadline = None if timeout is None else time.monotonic() + timeout
         iterator = iter(pending)
         session = self._session
+        checked = None
         with self._lock:
             session.check_open()
             while len(seq_nrs) < len(pending):
@@ -79,7 +85,9 @@ class BlockingProducer(Generic[S]):
                 except DeliveryTimeout:
                     msg = session.partly_sent_message(timeout, len(seq_nrs), len(pending))
                     raise DeliveryTimeout(msg) from None
-                seq_nrs += self._as_caller(session.send_batch, iterator)
+                if not seq_nrs:  # the consumer side is known now: check them all
+                    checked = session.check_payloads(pending)
+                seq_nrs += self._as_caller(session.send_batch, iterator, checked)
         self._after_release()
         return seq_nrs
 
@@ -89,6 +97,8 @@ class BlockingProducer(Generic[S]):
         Raises:
             WouldBlock: no demand at the moment (nothing was sent).
             ClosedError: the producer was closed.
+            SerializationError: its payload cannot be encoded for where it goes (nothing
+                was sent).
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         session = self._session
@@ -108,6 +118,8 @@ class BlockingProducer(Generic[S]):
         Raises:
             DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
                 was sent, it stays in the stream and will still be delivered).
+            SerializationError: its payload cannot be encoded for where it goes (nothing
+                was sent).
             ClosedError: the producer was closed.
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """

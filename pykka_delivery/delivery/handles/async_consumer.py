@@ -29,6 +29,7 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import Any
 
+from pykka_delivery import _observed
 from pykka_delivery.delivery.core.consumer import ConsumerSnapshot, ConsumerStats
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles._loop import call_in_loop, wake, wrong_thread
@@ -193,6 +194,7 @@ class AsyncConsumer:
         )
         self._next_ready = self._session.poll  # bound once: it runs once per message
         self._session.start()
+        _observed.observe(_observed.CONSUMER, self, self._loop)
 
     @property
     def ref(self) -> Ref:

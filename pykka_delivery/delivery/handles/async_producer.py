@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from threading import get_ident
 from typing import Any
 
+from pykka_delivery import _observed
 from pykka_delivery.delivery.core.effects import Effect
 from pykka_delivery.delivery.core.producer import ProducerSnapshot, ProducerStats
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
@@ -149,6 +150,7 @@ class AsyncProducer:
             on_failure=self._notify,
         )
         self._inbox = self._session.inbox
+        _observed.observe(_observed.PRODUCER, self, self._loop)
 
     @property
     def ref(self) -> Ref:
@@ -172,6 +174,7 @@ class AsyncProducer:
         Raises:
             DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
             ClosedError: the producer was closed.
+            SerializationError: as `Producer.send`'s (nothing was sent).
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         if get_ident() != self._loop_thread:
@@ -196,6 +199,7 @@ class AsyncProducer:
         Raises:
             DeliveryTimeout: not all were sent within ``timeout`` seconds; the error says
                 how many were (those are in the stream; the rest were not sent).
+            SerializationError: as `Producer.send_many`'s (none was sent).
             ClosedError: the producer was closed.
             DurableQueueError: storing failed every attempt (the producer is closed).
         """
@@ -207,6 +211,7 @@ class AsyncProducer:
         deadline = None if timeout is None else loop.time() + timeout
         iterator = iter(pending)
         session = self._session
+        checked = None
         self._busy = True
         try:
             session.check_open()
@@ -217,7 +222,9 @@ class AsyncProducer:
                 except DeliveryTimeout:
                     msg = session.partly_sent_message(timeout, len(seq_nrs), len(pending))
                     raise DeliveryTimeout(msg) from None
-                seq_nrs += session.send_batch(iterator)
+                if not seq_nrs:  # the consumer side is known now: check them all
+                    checked = session.check_payloads(pending)
+                seq_nrs += session.send_batch(iterator, checked)
         finally:
             self._leave()
         return seq_nrs
@@ -228,6 +235,7 @@ class AsyncProducer:
         Raises:
             WouldBlock: no demand at the moment (nothing was sent).
             ClosedError: the producer was closed.
+            SerializationError: as `Producer.send`'s (nothing was sent).
         """
         if get_ident() != self._loop_thread:
             wrong_thread("AsyncProducer")
@@ -250,6 +258,7 @@ class AsyncProducer:
         Raises:
             DeliveryTimeout: not sent, or not confirmed, within ``timeout`` seconds (if it
                 was sent, it stays in the stream and will still be delivered).
+            SerializationError: as `Producer.send`'s (nothing was sent).
             ClosedError: the producer was closed.
         """
         if get_ident() != self._loop_thread:

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pykka_delivery import _observed
 from pykka_delivery.delivery.core.consumer import ConsumerSnapshot, ConsumerStats
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.messages import CONFIRMED, Delivery, Rejected
@@ -185,6 +186,7 @@ class Consumer:
         confirm_to._session = self._session
         with self._lock:
             self._session.start()
+        _observed.observe(_observed.CONSUMER, self)
         self._service_key = service_key
         self._registry: ServiceRegistry | None = None
         if service_key is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pykka_delivery import _observed
 from pykka_delivery.delivery.core.producer import ProducerSnapshot, ProducerStats
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.handles._blocking import BlockingProducer
@@ -107,6 +108,7 @@ class Producer(BlockingProducer[ProducerSession]):
         )
         self._open(session)
         self._core = session.core
+        _observed.observe(_observed.PRODUCER, self)
 
     @property
     def ref(self) -> Ref:
@@ -131,6 +133,9 @@ class Producer(BlockingProducer[ProducerSession]):
         Raises:
             DeliveryTimeout: no demand within ``timeout`` seconds (nothing was sent).
             ClosedError: the producer was closed.
+            SerializationError: the consumer side is in another process (or the durable
+                queue stores bytes) and its serializers cannot encode ``message``: nothing
+                was sent, and the next message takes this one's seq_nr.
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         lock = self._lock

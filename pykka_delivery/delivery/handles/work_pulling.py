@@ -156,6 +156,7 @@ class WorkPullingProducer(BlockingProducer[WorkPullingSession]):
             durable_state=state,
             clock_millis=clock_millis,
             ack_each_message=ack_each_message,
+            payload_encoders=(durable_queue,),
         )
         self._open(
             WorkPullingSession(
@@ -183,6 +184,8 @@ class WorkPullingProducer(BlockingProducer[WorkPullingSession]):
             DeliveryTimeout: no worker had demand within ``timeout`` seconds (nothing was
                 sent).
             ClosedError: the producer was closed.
+            SerializationError: its payload cannot be encoded for a registered worker in
+                another process or the durable queue (nothing was sent or numbered).
             DurableQueueError: storing it failed every attempt (the producer is closed).
         """
         with self._lock:

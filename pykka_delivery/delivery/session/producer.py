@@ -22,7 +22,10 @@ The rules kept here, once for every shell:
   it. A new producer with the same producer id on the same queue reloads what was stored.
 * What arrives (`receive`, `process_inbox`): a timer firing reaches the core only while it
   is the current one (a cancelled timer's late firing is dropped); a message the core
-  refuses is logged and dropped, never raised into the thread that brought it.
+  refuses is logged and dropped, never raised into the thread that brought it. A message
+  from the producer refused for its payload (it cannot be encoded for where it goes: the
+  actors' senders check it first, so only one racing a change of consumer side gets here)
+  also gives the producer its `RequestNext` again (`on_refused`), or it would wait for ever.
 * Sending (`try_send`): the core's steady-state path first (the numbered message told
   straight to the consumer side, no effect list), the general one when there is demand.
 """
@@ -32,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from pykka import ActorDeadError
 
 from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer
+from pykka_delivery.delivery.core.payload_gate import PayloadGate
 from pykka_delivery.delivery.core.producer import ProducerCore, ProducerSnapshot, ProducerStats
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.messages import ProducerStart
@@ -50,7 +54,8 @@ from pykka_delivery.delivery.stores.durable_queue import (
 from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 from pykka_delivery.protocol.messages import Ref, with_link_problem
-from pykka_delivery.protocol.serialization import Serialization
+from pykka_delivery.protocol.payload_check import PayloadCheck
+from pykka_delivery.protocol.serialization import Serialization, SerializationError
 
 __all__ = [
     "BaseProducerSession",
@@ -114,6 +119,11 @@ class _Core(Protocol):
     def receive(self, message: object) -> list[Effect]: ...
 
     def on_timer(self, key: str) -> list[Effect]: ...
+
+    def on_refused(self) -> list[Effect]: ...
+
+    @property
+    def gate(self) -> PayloadGate: ...
 
 
 C = TypeVar("C", bound=_Core)
@@ -232,6 +242,16 @@ class BaseProducerSession(Generic[C]):
         )
         return with_link_problem(msg, self.peer())
 
+    def check_payloads(self, payloads: Sequence[object]) -> PayloadCheck | None:
+        """Refuse ``payloads`` now, all of them, if one cannot be encoded for where it
+        goes (what a `send_many` does before it sends any); returns the check applied, for
+        `send_batch`'s ``checked``.
+
+        Raises:
+            SerializationError: one cannot be encoded (a note names which).
+        """
+        return self.core.gate.refuse(payloads)
+
     # --- what arrives --------------------------------------------------------------------
 
     def receive(self, message: Any) -> bool:
@@ -250,6 +270,12 @@ class BaseProducerSession(Generic[C]):
                 effects = self.core.receive(message)
             except LocalProtocolError as error:
                 self._logger.error("%s", error)
+                return False
+            except SerializationError as error:
+                notes = " ".join(getattr(error, "__notes__", ()))
+                self._logger.error("%s: %s %s", self.owner, error, notes)
+                with contextlib.suppress(DurableQueueError):
+                    self.run(self.core.on_refused())
                 return False
         with contextlib.suppress(DurableQueueError):  # closed: the shell's next call raises
             self.run(effects)
@@ -375,6 +401,7 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
             announce_demand=False,
             durable_state=state,
             clock_millis=clock_millis,
+            payload_encoders=(durable_queue,),
         )
         session = cls(core, timers, durable, name="Producer", on_failure=on_failure)
         session.receive(ProducerStart(ignore))
@@ -385,6 +412,8 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
         None (nothing sent) without demand.
 
         Raises:
+            SerializationError: its payload cannot be encoded for where it goes (nothing
+                was numbered or sent).
             DurableQueueError: storing it failed every attempt (the session is closed).
         """
         core = self.core
@@ -407,24 +436,29 @@ class ProducerSession(BaseProducerSession[ProducerCore]):
 
         Raises:
             LocalProtocolError: there is no demand (nothing was sent).
+            SerializationError: its payload cannot be encoded for where it goes (nothing
+                was numbered or sent).
             DurableQueueError: storing it failed every attempt (the session is closed).
         """
         core = self.core
         self.runner(core.on_msg(message, reply_to))
         return core.last_seq_nr
 
-    def send_batch(self, messages: Iterator[Any]) -> list[int]:
+    def send_batch(self, messages: Iterator[Any], checked: PayloadCheck | None = None) -> list[int]:
         """Send as many of ``messages`` as the window allows now (one when chunking), with
         one store for all of them in durable mode; returns their seq_nrs (each one's last
-        chunk's), empty once ``messages`` is exhausted.
+        chunk's), empty once ``messages`` is exhausted. ``checked``: the check
+        `check_payloads` applied to them (not applied again while it is in force).
 
         Raises:
             LocalProtocolError: there is no demand (nothing was taken).
+            SerializationError: a payload cannot be encoded for where it goes (none of
+                those taken was numbered or sent).
             DurableQueueError: storing failed every attempt (the session is closed).
         """
         core = self.core
         before = core.last_seq_nr
-        self.runner(core.on_msg_batch(messages))
+        self.runner(core.on_msg_batch(messages, checked))
         last = core.last_seq_nr
         if last == before:
             return []

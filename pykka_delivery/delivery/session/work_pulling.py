@@ -29,6 +29,7 @@ from pykka_delivery.delivery.session.producer import BaseProducerSession
 from pykka_delivery.delivery.stores.calls import DurableQueueCalls
 from pykka_delivery.delivery.timers import Timers
 from pykka_delivery.protocol.messages import Ref
+from pykka_delivery.protocol.payload_check import PayloadCheck
 
 __all__ = ["CHECK_WORKERS", "WorkPullingSession"]
 
@@ -106,20 +107,23 @@ class WorkPullingSession(BaseProducerSession[WorkPullingCore]):
 
     # --- sending -------------------------------------------------------------------------
 
-    def try_send(self, message: Any) -> int | None:
+    def try_send(self, message: Any, checked: PayloadCheck | None = None) -> int | None:
         """Send ``message`` to a worker with demand, if one has; returns its seq_nr
-        (numbered across all workers), or None (nothing sent).
+        (numbered across all workers), or None (nothing sent). ``checked``: as
+        `send_batch`'s.
 
         Raises:
+            SerializationError: its payload cannot be encoded for a worker or the durable
+                queue (nothing was numbered or sent).
             DurableQueueError: storing it failed every attempt (the session is closed).
         """
         core = self.core
         seq_nr = core.current_seq_nr
-        picked = core.next_message(message)  # the steady state: no effects to carry out
+        picked = core.next_message(message, checked)  # the steady state: no effects
         if picked is None:
             if not core.has_demand:
                 return None
-            self.runner(core.on_msg(message))
+            self.runner(core.on_msg(message, None, checked))
             return seq_nr
         to, seq_msg = picked
         try:
@@ -136,24 +140,29 @@ class WorkPullingSession(BaseProducerSession[WorkPullingCore]):
 
         Raises:
             LocalProtocolError: no demand, and the buffer is full (nothing was sent).
+            SerializationError: its payload cannot be encoded for a worker or the durable
+                queue (nothing was numbered or sent).
             DurableQueueError: storing it failed every attempt (the session is closed).
         """
         seq_nr = self.core.current_seq_nr
         self.runner(self.core.on_msg(message, reply_to))
         return seq_nr
 
-    def send_batch(self, messages: Iterator[Any]) -> list[int]:
+    def send_batch(self, messages: Iterator[Any], checked: PayloadCheck | None = None) -> list[int]:
         """Send as many of ``messages`` as the workers with demand take now, stopping early
         when something arrived (what the workers answer goes first); returns their
-        seq_nrs, empty once ``messages`` is exhausted.
+        seq_nrs, empty once ``messages`` is exhausted. ``checked``: the check
+        `check_payloads` applied to them (not applied again while it is in force).
 
         Raises:
+            SerializationError: a payload cannot be encoded for a worker or the durable
+                queue (it and those after it were not sent).
             DurableQueueError: storing failed every attempt (the session is closed).
         """
         seq_nrs: list[int] = []
         inbox = self.inbox
         for message in itertools.islice(messages, self.core.demand):
-            seq_nr = self.try_send(message)
+            seq_nr = self.try_send(message, checked)
             assert seq_nr is not None  # within the demand counted before
             seq_nrs.append(seq_nr)
             if inbox:

@@ -27,6 +27,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
     DurableProducerQueue,
     DurableProducerState,
     DurableQueueError,
+    is_permanent,
 )
 from pykka_delivery.retry import Backoff, call_with_retries
 
@@ -51,8 +52,9 @@ class DurableQueueCalls:
     A call that raises `DurableQueueError` is tried again after a wait that starts at
     ``settings.durable_queue_retry_backoff`` and doubles up to
     ``durable_queue_retry_backoff_max``, ``durable_queue_retry_attempts`` times in all
-    (Akka's ``retry-attempts``; see `pykka_delivery.retry`). Any other exception is a
-    broken queue: not retried.
+    (Akka's ``retry-attempts``; see `pykka_delivery.retry`), unless it is permanent
+    (`is_permanent`: the queue refused the input): that one fails at once. Any other
+    exception is a broken queue: not retried either.
 
     Args:
         queue: the queue; the caller owns it (this never closes it).
@@ -169,9 +171,17 @@ class DurableQueueCalls:
             give_up=lambda attempt, error: self._giving_up(what, attempt, error),
             sleep=self._sleep,
             failed=failed,
+            permanent=is_permanent,
         )
 
     def _giving_up(self, what: str, attempt: int, error: Exception) -> DurableQueueError:
+        if is_permanent(error):
+            msg = (
+                f"{self._owner}: {what} on durable queue {self.queue!r} was refused, not "
+                f"retried (no attempt can succeed): {error}"
+            )
+            _durable_logger.error("%s", msg)
+            return DurableQueueError(msg)
         msg = (
             f"{self._owner}: {what} on durable queue {self.queue!r} failed after {attempt} "
             f"attempt(s), giving up: {type(error).__name__}: {error}. Check the queue (its "

@@ -12,6 +12,14 @@ fails raises `DurableQueueError`; the controller retries it
 (``ProducerControllerSettings.durable_queue_retry_attempts``) and, if every attempt fails,
 stops, as Akka's controller crashes: starting it again reloads a consistent state.
 
+Which errors are permanent (`is_permanent`, the one rule): a `DurableQueueError` raised
+from a `TypeError` or `ValueError` says the queue refused the *input* (a payload its
+serializers cannot encode raises `SerializationError`, a `ValueError`): no retry can
+succeed, so it fails at once. Every other `DurableQueueError` (a locked or full database,
+an I/O error) is retried. A queue that stores payloads as bytes also declares it
+(`pykka_delivery.protocol.payload_check.EncodesPayloads`): producers then refuse such a
+payload before they number it, and the queue never sees it.
+
 Contract of every implementation (the tests in ``tests/delivery/durable`` hold each to it):
 
 * `load_state` returns the stored state with partially stored chunked messages removed
@@ -45,11 +53,26 @@ __all__ = [
     "DurableProducerState",
     "DurableQueueError",
     "MessageSent",
+    "is_permanent",
 ]
 
 
 class DurableQueueError(DeliveryError):
     """A durable producer queue could not load or store; the message names what and why."""
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether another attempt of the call that raised ``error`` cannot succeed: it is a
+    `DurableQueueError` raised (directly or down its chain of causes) from a `TypeError`
+    or `ValueError`, the queue refusing its input rather than failing to store it."""
+    if not isinstance(error, DurableQueueError):
+        return False
+    cause = error.__cause__
+    while cause is not None:
+        if isinstance(cause, TypeError | ValueError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 @runtime_checkable

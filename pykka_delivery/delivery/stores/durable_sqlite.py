@@ -160,7 +160,9 @@ class SqliteDurableQueue:
         settings: fsync policy, timeouts, write-behind; `SqliteQueueSettings` defaults when
             None.
         serialization: writes and reads the payloads; `default_serialization` when None.
-            Give the one the application registered its serializers with.
+            Give the one the application registered its serializers with. A producer on
+            this queue checks each payload with it before numbering it, and refuses one it
+            cannot encode (`payload_serialization`).
 
     Raises:
         DurableQueueError: another queue holds ``producer_id`` in this file, or the file is
@@ -208,6 +210,11 @@ class SqliteDurableQueue:
         return f"SqliteDurableQueue({str(self.path)!r}, {self.producer_id!r})"
 
     # --- the DurableProducerQueue protocol ----------------------------------------------------
+
+    def payload_serialization(self) -> Serialization:
+        """The serializers payloads are stored with (`EncodesPayloads`): a producer
+        checks each payload with them before it numbers it."""
+        return self._serialization
 
     def load_state(self) -> DurableProducerState:
         """The stored state, partially stored chunked messages removed (their rows are

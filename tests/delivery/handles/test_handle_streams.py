@@ -44,6 +44,26 @@ from tests.delivery.handles.flavours import (
 # --- a whole stream ----------------------------------------------------------------
 
 
+def test_an_in_process_stream_takes_payloads_no_serializer_could_encode(
+    flavour: Flavour,
+) -> None:
+    # Issue 19, defect 1: only a consumer side in another process gets its payloads
+    # checked; in-process, any object goes through as it is.
+    p, c = connected(flavour)
+    anything, lock = object(), threading.Lock()
+
+    p.send(anything, timeout=WAIT)
+    first = c.receive(timeout=WAIT)
+    first.confirm()
+    p.send_many([lock, {"lock": lock}], timeout=WAIT)
+
+    rest = receive_and_confirm(c, 2)
+    assert first.message is anything
+    assert rest[0] is lock
+    assert rest[1]["lock"] is lock
+    assert p.statistics().refused_payloads == 0
+
+
 def test_ten_thousand_messages_arrive_exactly_once_in_order_and_are_all_confirmed(
     flavour: Flavour,
 ) -> None:

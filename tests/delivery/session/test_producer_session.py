@@ -7,7 +7,8 @@ processed when it calls `process_inbox`, and timers fire only when it fires them
 * the durable-failure rule: a store failing every attempt closes the session, the shell is
   told, every later call raises the failed error caused by the store's;
 * the inbox: a stale timer firing is dropped, a message the core refuses is logged and
-  dropped, the messages behind it still processed;
+  dropped, the messages behind it still processed; one refused for its payload gives the
+  producer its RequestNext again;
 * the work-pulling session: a batch takes what the workers with demand take, the
   check_workers timer asks the registry for the listing.
 """
@@ -24,7 +25,7 @@ from pykka import ActorDeadError
 from pykka_delivery.delivery.core.producer import RESEND_FIRST, ProducerCore
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings, WorkPullingSettings
 from pykka_delivery.delivery.core.work_pulling import WorkPullingCore
-from pykka_delivery.delivery.messages import ProducerStart
+from pykka_delivery.delivery.messages import ProducerStart, RequestNext, SendNext
 from pykka_delivery.delivery.registry import LocalServiceRegistry
 from pykka_delivery.delivery.session.producer import Ignore, ProducerSession, load_durable
 from pykka_delivery.delivery.session.work_pulling import CHECK_WORKERS, WorkPullingSession
@@ -33,6 +34,7 @@ from pykka_delivery.delivery.stores.durable_queue import DurableQueueError
 from pykka_delivery.delivery.timers import TimerFired, Timers
 from pykka_delivery.errors import ClosedError, LocalProtocolError
 from pykka_delivery.protocol.messages import RegisterConsumer, Request, SequencedMessage
+from pykka_delivery.protocol.serialization import Serialization, default_serialization
 from tests.harness import ManualTimerService, Probe
 
 PID = "p-1"
@@ -323,6 +325,37 @@ def test_a_message_the_core_refuses_is_logged_and_dropped(
     assert "cannot handle str" in caplog.text
     assert session.snapshot() == before
     assert session.statistics().rejected == 1
+
+
+class RemoteProbe(Probe):
+    """A consumer side in another process: it encodes what it is told."""
+
+    def payload_serialization(self) -> Serialization:
+        return default_serialization
+
+
+def test_a_message_refused_for_its_payload_is_logged_and_its_producer_told_request_next_again(
+    service: ManualTimerService, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The actors' path (issue 19, defect 1): a SendNext that got past the producer's own
+    # check reaches the core, which refuses it; the producer used its RequestNext on it.
+    producer, consumer = Probe("producer"), RemoteProbe("consumer")
+    core = ProducerCore(PID, Probe("self"), Probe("send_next_to"))
+    session = ProducerSession(
+        core, Timers(lambda _: None, service), None, name="PC", on_failure=lambda: None
+    )
+    session.receive(ProducerStart(producer))
+    session.receive(RegisterConsumer(consumer))
+    producer.expect_type(RequestNext)
+    before = session.snapshot()
+
+    with caplog.at_level(logging.ERROR, "pykka_delivery.producer"):
+        assert session.receive(SendNext(object())) is False
+
+    assert "no serializer for builtins.object" in caplog.text
+    assert session.snapshot() == before
+    assert producer.expect_type(RequestNext).current_seq_nr == 1
+    consumer.expect_no_message()
 
 
 def test_the_messages_behind_a_refused_one_are_still_processed(

@@ -1,0 +1,28 @@
+"""bench/payload_check.py runs and reports every figure, and a payload crossing to another
+process is written once (its ``user_writes_per_message``). No timing is judged here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_payload_check_bench_reports_one_write_per_message_and_every_figure() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/payload_check.py", "--messages", "200", "--runs", "1"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["user_writes_per_message"] == 1.0
+    kinds = ("dict", "protobuf", "bytes", "user")
+    assert [kind for kind in kinds if not figures[f"{kind}_total_ns"] > 0] == []
