@@ -11,9 +11,18 @@ to connection sinks, timers) and appends every state-changing command to a `Comm
 (`SqliteCommandLog` for one durable file) before carrying out its effects. It also keeps
 the service directory (`ServiceDirectory`) that work pulling across processes uses as its
 registry, and the stream catalog (`CreateStream`, `list_streams`): partitioned streams
-created and grown at run time.
+created and grown at run time. Lag as data: clients report positions (`ProducerPosition`,
+`ConsumerPosition`) and ask for the lag (`CoordinatorClient.lag`, `LagInfo`).
 """
 
+from pykka_delivery.coordinator.activations import (
+    ActivationChange,
+    ActivationEvent,
+    ConsumerId,
+    Handover,
+    HandoverReason,
+    activation_changes,
+)
 from pykka_delivery.coordinator.actor import (
     DEFAULT_SWEEP_INTERVAL,
     Attach,
@@ -22,6 +31,7 @@ from pykka_delivery.coordinator.actor import (
     CoordinatorStats,
     Detach,
     Execute,
+    GetStatistics,
     ListGroups,
     ListStreams,
 )
@@ -67,6 +77,12 @@ from pykka_delivery.coordinator.effects import (
     UnwatchConnection,
     WatchConnection,
 )
+from pykka_delivery.coordinator.lag import (
+    ConsumerPosition,
+    LagInfo,
+    Position,
+    ProducerPosition,
+)
 from pykka_delivery.coordinator.machine import Outcome, apply, initial_state, replay
 from pykka_delivery.coordinator.queries import (
     GroupInfo,
@@ -96,6 +112,7 @@ from pykka_delivery.coordinator.state import (
     GroupId,
     StreamId,
 )
+from pykka_delivery.coordinator.stats import HANDOVER_BUCKETS, HandoverHistogram
 from pykka_delivery.coordinator.store import (
     DEFAULT_SNAPSHOT_EVERY,
     CommandLog,
@@ -107,10 +124,13 @@ from pykka_delivery.coordinator.store import (
 __all__ = [
     "DEFAULT_SNAPSHOT_EVERY",
     "DEFAULT_SWEEP_INTERVAL",
+    "HANDOVER_BUCKETS",
     "OK",
     "SERVICE_NAME",
     "SIMPLE",
     "ActivateConsumer",
+    "ActivationChange",
+    "ActivationEvent",
     "ActivationInterval",
     "Activity",
     "Attach",
@@ -126,6 +146,8 @@ __all__ = [
     "ConnectionSink",
     "Connectivity",
     "Consumer",
+    "ConsumerId",
+    "ConsumerPosition",
     "CoordinatedConsumer",
     "CoordinatorActor",
     "CoordinatorClient",
@@ -144,15 +166,22 @@ __all__ = [
     "Effect",
     "EvaluateGroup",
     "Execute",
+    "GetStatistics",
     "Group",
     "GroupId",
     "GroupInfo",
+    "Handover",
+    "HandoverHistogram",
+    "HandoverReason",
+    "LagInfo",
     "ListGroups",
     "ListStreams",
     "MemoryCommandLog",
     "NodeReconnected",
     "Ok",
     "Outcome",
+    "Position",
+    "ProducerPosition",
     "PurgeStaleConnections",
     "Recover",
     "Refusal",
@@ -172,6 +201,7 @@ __all__ = [
     "UnwatchConnection",
     "UpdateSettings",
     "WatchConnection",
+    "activation_changes",
     "apply",
     "initial_state",
     "list_groups",

@@ -17,6 +17,7 @@ import grpc
 
 from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator._client_requests import Requests
+from pykka_delivery.coordinator._loop_end import finish_other_tasks
 from pykka_delivery.coordinator.client_errors import (
     REJECTIONS,
     ConnectionRejected,
@@ -132,6 +133,10 @@ class Connection:
         self._stub: Any = None
         self._call: Any = None
         self._run_task: asyncio.Task[None] | None = None
+        # gRPC completes a state watch only on a state change or once the channel is
+        # destroyed: kept as a task so that `close` waits for it while the loop runs (a
+        # late completion aimed at a closed loop is an error on whichever loop reads it).
+        self._watch: asyncio.Task[None] | None = None
         self._streams_accepted = 0
         self._attaches = 0
 
@@ -185,14 +190,8 @@ class Connection:
             await asyncio.gather(task, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
-        # gRPC's own tasks of a cancelled call finish a moment later: let them, so that
-        # stopping the loop does not destroy them pending (asyncio logs that as an error).
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        if others:
-            _, late = await asyncio.wait(others, timeout=self._settings.close_timeout)
-            for t in late:
-                t.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        # Also the state watch (`_watch`), which ends once the channel is closed.
+        await finish_other_tasks(self._settings.close_timeout)
 
     async def _run(self) -> None:
         s = self._settings
@@ -218,9 +217,7 @@ class Connection:
     async def _session(self) -> None:
         """One stream, from hello to its end."""
         assert self._channel is not None
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), self._settings.connect_timeout)
-        except TimeoutError:
+        if not await self._ready():
             logger.info("Coordinator at %s unreachable; retrying", self.address)
             return
         call = self._stub.Connect(metadata=self._metadata)
@@ -257,6 +254,24 @@ class Connection:
             call.cancel()
             if self._attachment.event.is_set():
                 self._attachment.set(False)
+
+    async def _ready(self) -> bool:
+        """Wait up to ``connect_timeout`` until the channel is ready (``channel_ready``,
+        with its state watch kept in `_watch`)."""
+        channel = self._channel
+        assert channel is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.connect_timeout
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            # A watch still pending watches the current state (it ends when that changes).
+            if self._watch is None or self._watch.done():
+                self._watch = loop.create_task(channel.wait_for_state_change(state))
+            done, _ = await asyncio.wait({self._watch}, timeout=deadline - loop.time())
+            if not done or _failed(self._watch):
+                return False
+            state = channel.get_state(try_to_connect=True)
+        return True
 
     async def _accepted(self, call: Any) -> bool:
         """Wait until the server accepts the new stream; False if it refused it or did
@@ -316,3 +331,8 @@ async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> N
         except Exception as error:  # the call ended; its reader sees why
             logger.debug("Write to the coordinator failed: %s", error)
             return
+
+
+def _failed(task: asyncio.Task[Any]) -> bool:
+    """Whether a finished task failed or was cancelled (its exception is retrieved)."""
+    return task.cancelled() or task.exception() is not None

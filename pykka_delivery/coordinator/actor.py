@@ -14,6 +14,11 @@ effects (STYLE.md rule 9: it never blocks on another actor):
 * `WatchConnection` / `UnwatchConnection` maintain the set of connections that have
   consumers; the sweep looks at those.
 
+Activation changes (`activations.activation_changes` of each command that changed the
+state) go to a `handovers.HandoverBook`: one INFO log line each, with structured fields
+(``extra={"event": "activation", ...}``), each group's last `Handover` for `ListGroups`,
+and the statistics' rebalance count and hand-over histogram.
+
 The actor also keeps the service directory (`directory.py`): `RegisterService`,
 `DeregisterService`, `WatchService`, `UnwatchService`. It is not logged (clients register
 and watch again when their streams reopen). A listing goes to every watcher with a sink
@@ -51,6 +56,7 @@ from typing import Any, Protocol
 
 import pykka
 
+from pykka_delivery.coordinator.activations import activation_changes
 from pykka_delivery.coordinator.commands import (
     OK,
     Command,
@@ -75,9 +81,11 @@ from pykka_delivery.coordinator.effects import (
     activate,
     step_down,
 )
+from pykka_delivery.coordinator.handovers import HandoverBook
 from pykka_delivery.coordinator.machine import apply
 from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
 from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
+from pykka_delivery.coordinator.stats import COUNTERS, CoordinatorStats, snapshot
 from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 
@@ -90,6 +98,7 @@ __all__ = [
     "DeregisterService",
     "Detach",
     "Execute",
+    "GetStatistics",
     "ListGroups",
     "ListStreams",
     "RegisterService",
@@ -203,27 +212,8 @@ class ListStreams:
 
 
 @dataclass(frozen=True, slots=True)
-class CoordinatorStats:
-    """Counters of a `CoordinatorActor` since it started.
-
-    Attributes:
-        commands_applied: commands that changed the state (each one logged).
-        commands_refused: commands the machine refused.
-        updates_sent: consumer updates handed to a sink.
-        updates_skipped: consumer updates for a connection with no sink attached (re-sent
-            when it attaches).
-        sink_failures: sinks whose ``send_update`` raised (their connection became lost).
-        connections_purged: connections removed by the stale-connection sweep.
-        listings_sent: service listings handed to a sink.
-    """
-
-    commands_applied: int = 0
-    commands_refused: int = 0
-    updates_sent: int = 0
-    updates_skipped: int = 0
-    sink_failures: int = 0
-    connections_purged: int = 0
-    listings_sent: int = 0
+class GetStatistics:
+    """Ask: the actor's `CoordinatorStats` (what `CoordinatorActor.statistics` returns)."""
 
 
 # --- the actor -------------------------------------------------------------------------------
@@ -287,7 +277,8 @@ class CoordinatorActor(pykka.ThreadingActor):
         self._detached_since: dict[str, float] = {}  # watched connections without a sink
         self._follow_ups: collections.deque[Command] = collections.deque()
         self._just_sent: set[SendConsumerUpdate] | None = None  # collected during an Attach
-        self._counters = dict.fromkeys(CoordinatorStats.__dataclass_fields__, 0)
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._book = HandoverBook()
         # Loaded here, in the caller's thread, so that an unreadable log fails `start`.
         # The actor owns the log: if it does not start, nobody else would close it.
         try:
@@ -340,19 +331,26 @@ class CoordinatorActor(pykka.ThreadingActor):
             self._detach(message)
             return None
         if type(message) is ListGroups:
-            return list_groups(self._state, message.namespace)
+            handovers = self._book.last_handovers()
+            return list_groups(
+                self._state, message.namespace, handovers=handovers, now=self._clock()
+            )
         if type(message) is ListStreams:
             return list_streams(self._state, message.namespace)
         if type(message) in _DIRECTORY_MESSAGES:
             self._on_directory(message)
             return OK
+        if type(message) is GetStatistics:
+            return self.statistics()
         # Logged, not raised: an exception from a `tell` would stop the coordinator.
         logger.error("Coordinator ignored unexpected message %r", message)
         return None
 
     def statistics(self) -> CoordinatorStats:
-        """The counters so far (call through ``proxy()``: answered in the actor's thread)."""
-        return CoordinatorStats(**self._counters)
+        """The counters so far and the gauges now (call through ``proxy()``, or ask
+        `GetStatistics`: answered in the actor's thread)."""
+        book = self._book
+        return snapshot(self._counters, self._state, book.activations, book.histogram())
 
     def _on_timer(self, fired: TimerFired) -> None:
         if not self._timers.accept(fired):
@@ -512,11 +510,18 @@ class CoordinatorActor(pykka.ThreadingActor):
             self._count(commands_refused=1)
             logger.info("Refused %s: %s", type(command).__name__, outcome.reply.message)
             return outcome.reply
-        if outcome.state != self._state:
+        before = self._state
+        changed = outcome.state != before
+        if changed:
             # Logged before any effect: an update is never sent for a change not stored.
             self._log.append(command)
             self._count(commands_applied=1)
         self._state = outcome.state
+        if changed:
+            changes = activation_changes(before, outcome.state, command)
+            self._book.record(
+                changes, outcome.state, now=self._clock(), monotonic=self._monotonic()
+            )
         logger.debug("Applied %r: %r, %d effects", command, outcome.reply, len(outcome.effects))
         self._run(outcome.effects)
         return outcome.reply

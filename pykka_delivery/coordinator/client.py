@@ -29,6 +29,9 @@ Theory of operation:
   callback now and on every change. Both belong to the connection and are sent again on
   every new stream (the coordinator does not store them), so they survive reconnects and
   coordinator restarts.
+* Lag as data: the positions of the client's producers and consumers go to the
+  coordinator on the stream, one batch per ``report_interval`` (``_client_lag.py``);
+  `lag` asks for the lag they add up to.
 * `close` sends ``Goodbye`` (the coordinator removes the consumers at once), but first
   tells the listeners the connection is down and waits, up to ``close_timeout``, for what
   they return (a `CoordinatedConsumer`: its delivery in flight confirmed and its
@@ -46,6 +49,7 @@ finishes on the client's thread once the callback returns.
 Modules: this one has the public API and hands work to the client's thread;
 ``_client_requests.py`` keeps the requests and settles them with their replies;
 ``_client_stream.py`` runs the stream, its reconnects and the listeners;
+``_client_lag.py`` has the positions reported and the lag query;
 ``client_errors.py`` has the errors (importable from here too).
 """
 
@@ -65,6 +69,7 @@ from functools import partial
 from typing import Any
 
 from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator._client_lag import LagClient, PositionReports
 from pykka_delivery.coordinator._client_requests import (
     OnListing,
     OnUpdate,
@@ -98,8 +103,9 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 
-class CoordinatorClient:
-    """A connection to the coordinator service; registers consumers in groups.
+class CoordinatorClient(LagClient):
+    """A connection to the coordinator service; registers consumers in groups, reports
+    positions and asks for the lag (`report_positions`, `lag`).
 
     Args:
         address: the server's ``host:port``.
@@ -142,6 +148,7 @@ class CoordinatorClient:
         self._attachment = Attachment(address, self.connection_id, self.settings, self._loop)
         # Owned by the client's thread (request ids excepted):
         self._requests = Requests(self.connection_id, self.settings, self._loop)
+        self._reports = PositionReports(self.settings, self._requests, self._loop)
         self._connection = Connection(
             address,
             self.settings,
@@ -363,7 +370,8 @@ class CoordinatorClient:
         """The partition count of stream ``name`` in the catalog, or None if it has none.
 
         Raises:
-            as `list_streams`.
+            ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable, ClosedError: see
+                `list_streams`.
         """
         for info in self.list_streams(namespace, timeout=timeout):
             if info.stream.name == name:

@@ -27,7 +27,11 @@ Theory of operation:
 * If the client's re-registration after a reconnect is refused, it stops for good:
   `receive` raises that `CoordinatorRefused`.
 * Each period of consuming is recorded as an `ActivationInterval` (monotonic clock), so
-  tests can check that the intervals of a group's consumers never overlap.
+  tests can check that the intervals of a group's consumers never overlap, and handed to
+  the ``on_activated`` / ``on_deactivated`` hooks when it starts and when it ends.
+* Lag as data: while it consumes, its client reports its position in the producer's
+  stream (last seq_nr received and confirmed) at every ``report_interval``, read from the
+  `Consumer`'s snapshot then (docs/coordinator.md, "Lag").
 
 Threads: updates arrive on the client's thread, deliveries are taken and confirmed on the
 application's; one lock orders them. A step-down that arrives while the application waits
@@ -36,6 +40,7 @@ for a message closes the `Consumer` at once (the wait goes on, for the next acti
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -53,6 +58,7 @@ from pykka_delivery.coordinator.client import (
 )
 from pykka_delivery.coordinator.commands import Registered
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.lag import ConsumerPosition
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
@@ -109,11 +115,15 @@ class CoordinatedConsumer:
 
     Args:
         client: the process's connection to the coordinator.
-        namespace, stream, name: the group.
+        namespace: the group's namespace.
+        stream: the group's stream.
+        name: the group's name.
         producer: the producer (a `Producer`'s ref, a producer controller, a remote ref).
         partition_index: `SIMPLE` (-1) for a simple group, or the partition's index.
         subscription_id: default: the client's next one.
-        settings, serialization, timer_service: for each `Consumer` it creates.
+        settings: for each `Consumer` it creates.
+        serialization: for each `Consumer` it creates.
+        timer_service: for each `Consumer` it creates.
         node: a transport node to expose each `Consumer` on (under a fresh name per
             activation, withdrawn when it stops), for a producer in another process.
         self_ref_factory: instead of ``node``, builds each `Consumer`'s ref (called once
@@ -125,6 +135,15 @@ class CoordinatedConsumer:
             consumer (in this process or another) can open it. None: no deduplication.
             A store that fails to open makes `receive` raise its error (the next
             `receive` tries again).
+        on_activated: called with the new `ActivationInterval` when an activation
+            starts (its `Consumer` is created, in `receive`, on the consuming thread).
+        on_deactivated: called with the ended `ActivationInterval` when it stops, on
+            the thread that stopped it (the client's, on a step-down or a lost
+            connection; the consuming one, confirming the delivery in flight; the one
+            calling `close`), before the step-down is answered or the unregistration
+            sent: so a group's next ``on_activated`` comes after it. Hooks run one at a
+            time, in order; they must not block (they hold up that thread: the hand-over,
+            the client's updates). One that raises is logged; consuming goes on.
 
     Raises:
         ValueError: both ``node`` and ``self_ref_factory``, or a bad group name.
@@ -150,11 +169,14 @@ class CoordinatedConsumer:
         self_ref_factory: Callable[[Ref], Ref] | None = None,
         timeout: float | None = None,
         dedup_store: Callable[[], DedupStore] | None = None,
+        on_activated: Callable[[ActivationInterval], None] | None = None,
+        on_deactivated: Callable[[ActivationInterval], None] | None = None,
     ) -> None:
         if node is not None and self_ref_factory is not None:
             msg = "CoordinatedConsumer: give node or self_ref_factory, not both"
             raise ValueError(msg)
         self.group = GroupId(namespace, stream, name)
+        self.partition_index = partition_index
         self.subscription_id = (
             client.next_subscription_id() if subscription_id is None else subscription_id
         )
@@ -186,6 +208,10 @@ class CoordinatedConsumer:
         self._intervals: list[ActivationInterval] = []
         self._confirmed = 0
         self._closed = False
+        self._hooks = {"on_activated": on_activated, "on_deactivated": on_deactivated}
+        # Hooks due (queued under the lock, called outside it), and who calls them now.
+        self._hooks_due: collections.deque[tuple[str, ActivationInterval]] = collections.deque()
+        self._hooks_lock = threading.RLock()
         client.add_listener(self._on_connection)
         try:
             self.registered: Registered = client.register(
@@ -205,6 +231,7 @@ class CoordinatedConsumer:
                 with contextlib.suppress(DeliveryError):
                     client.unregister(self.group, self.subscription_id, timeout=0)
             raise
+        client.add_position_source(self._positions)
 
     # --- the application's side ---------------------------------------------------------
 
@@ -223,6 +250,8 @@ class CoordinatedConsumer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             consumer, fresh = self._current_consumer(deadline, timeout)
+            if fresh:
+                self._run_hooks()
             try:
                 if fresh:
                     consumer.register_to(self._producer)
@@ -253,6 +282,10 @@ class CoordinatedConsumer:
         With ``unregister=False`` the subscription stays registered (for a client about to
         close without goodbye, say). Idempotent. From the client's thread (a callback) the
         unregister is sent without waiting for its answer.
+
+        This is how another thread stops a consuming loop: a thread blocked in `receive`
+        (or in ``for delivery in consumer:``) gets `ClosedError` at once (the loop ends),
+        whether it was waiting to be made active or for a message.
         """
         with self._lock:
             if self._closed:
@@ -264,7 +297,9 @@ class CoordinatedConsumer:
                 self._stop_consumer("closed")
             owed, self._owe_activate = self._owe_activate, False
             self._changed.notify_all()
+        self._run_hooks()
         self._client.remove_listener(self._on_connection)
+        self._client.remove_position_source(self._positions)
         if unregister:
             try:
                 self._client.unregister(self.group, self.subscription_id, timeout=timeout)
@@ -352,6 +387,7 @@ class CoordinatedConsumer:
         self._dedup = dedup
         self._consumer = consumer
         self._intervals.append(ActivationInterval(time.monotonic()))
+        self._hook_due("on_activated")
         logger.info("Subscription %d active in %s: consuming", self.subscription_id, self.group)
         return consumer
 
@@ -368,12 +404,39 @@ class CoordinatedConsumer:
         dedup, self._dedup = self._dedup, None
         self._release_activation(dedup)
         self._intervals[-1] = dataclasses.replace(self._intervals[-1], end=time.monotonic())
+        self._hook_due("on_deactivated")
         waiters, self._stop_waiters = self._stop_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
         self._changed.notify_all()
         logger.info("Subscription %d in %s stopped (%s)", self.subscription_id, self.group, why)
+
+    def _hook_due(self, name: str) -> None:
+        """With the lock held: queue hook ``name`` with the current interval."""
+        if self._hooks[name] is not None:
+            self._hooks_due.append((name, self._intervals[-1]))
+
+    def _run_hooks(self) -> None:
+        """Without the lock: call the hooks due, one at a time and in order (a thread that
+        queued one may find another thread calling it)."""
+        with self._hooks_lock:
+            while True:
+                with self._lock:
+                    if not self._hooks_due:
+                        return
+                    name, interval = self._hooks_due.popleft()
+                hook = self._hooks[name]
+                assert hook is not None
+                try:
+                    hook(interval)
+                except Exception:
+                    logger.exception(
+                        "CoordinatedConsumer of %s: its %s hook raised (ignored: consuming "
+                        "goes on)",
+                        self.group,
+                        name,
+                    )
 
     def _release_activation(self, dedup: DedupStore | None) -> None:
         """With the lock held: withdraw the activation's name from the node and close its
@@ -416,7 +479,10 @@ class CoordinatedConsumer:
         with self._lock:
             self._in_flight = None
             self._confirmed += 1
-            answer = not self._told_active and self._stop_if_idle("stepped down after confirming")
+            stopping = not self._told_active
+            answer = stopping and self._stop_if_idle("stepped down after confirming")
+        if stopping:  # not per message: only when this delivery ends an activation
+            self._run_hooks()
         if answer:
             self._answer()
 
@@ -443,6 +509,7 @@ class CoordinatedConsumer:
                 self._told_active = False
                 self._owe_activate = True
                 answer = self._stop_if_idle("stepping down")
+        self._run_hooks()
         if answer:
             self._answer()
 
@@ -474,11 +541,37 @@ class CoordinatedConsumer:
             self._owe_activate = False
             self._answered = False
             self._stop_if_idle("connection to the coordinator lost")
-            if self._consumer is None:
-                return None
-            waiter: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._stop_waiters.append(waiter)
-            return waiter
+            waiter: concurrent.futures.Future[None] | None = None
+            if self._consumer is not None:
+                waiter = concurrent.futures.Future()
+                self._stop_waiters.append(waiter)
+        self._run_hooks()
+        return waiter
+
+    def _positions(self) -> list[ConsumerPosition]:
+        """On the client's thread, at each report: where the open `Consumer` is in its
+        producer's stream. Nothing while not consuming (the active consumer reports)."""
+        consumer, in_flight = self._consumer, self._in_flight
+        snapshot = None if consumer is None else consumer.snapshot()
+        if snapshot is None or not snapshot.received_seq_nr:  # nothing received yet
+            return []
+        # A new activation's Consumer counts from 0 until its first confirmation, but
+        # deliveries come in order: all before the one in flight were confirmed.
+        confirmed = snapshot.confirmed_seq_nr
+        if in_flight is not None:
+            confirmed = max(confirmed, in_flight.seq_nr - 1)
+        g = self.group
+        return [
+            ConsumerPosition(
+                g.namespace,
+                g.stream,
+                g.name,
+                self.partition_index,
+                snapshot.producer_id,
+                snapshot.received_seq_nr,
+                confirmed,
+            )
+        ]
 
     def _on_refused(self, refused: CoordinatorRefused) -> None:
         """On the client's thread: registering again after a reconnect was refused; the
@@ -490,3 +583,4 @@ class CoordinatedConsumer:
             self._owe_activate = False
             self._stop_if_idle("registration refused")
             self._changed.notify_all()
+        self._run_hooks()

@@ -19,6 +19,9 @@ Theory of operation:
   goodbye.
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout), on both sides; there is no
   heartbeat message.
+* Lag as data: the positions a stream reports are kept by the server itself, in a
+  `LagTable` (memory only, never the actor's log: they are refreshed every second); a
+  goodbye drops the connection's. ``Lag`` and `CoordinatorServer.lag` read them.
 * The actor is never asked from the loop in a blocking way: each ask is waited for on a
   small thread pool, bounded by ``request_timeout``. An actor that does not answer ends
   the stream with UNAVAILABLE; the client reconnects and registers again.
@@ -32,6 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,12 +43,23 @@ from typing import Any
 import grpc
 import pykka
 
-from pykka_delivery.coordinator import wire
-from pykka_delivery.coordinator.actor import Attach, Detach, Execute, ListGroups, ListStreams
+from pykka_delivery import _observed
+from pykka_delivery.coordinator import lag_wire, wire
+from pykka_delivery.coordinator._loop_end import finish_other_tasks
+from pykka_delivery.coordinator.actor import (
+    Attach,
+    Detach,
+    Execute,
+    GetStatistics,
+    ListGroups,
+    ListStreams,
+)
 from pykka_delivery.coordinator.commands import OK
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.lag import LagInfo, LagTable
 from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
+from pykka_delivery.coordinator.stats import CoordinatorStats
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.transport.grpc_setup import (
     bearer_token_ok,
@@ -78,6 +93,9 @@ class CoordinatorServerStats:
             counted in ``rejected``).
         requests: register / unregister / activate requests answered.
         updates_sent: consumer updates written to streams.
+        coordinator: the coordinator actor's statistics (groups, consumers per status,
+            rebalances, hand-over durations: see `CoordinatorStats`); None when the actor
+            did not answer (stopped, or slower than ``request_timeout``).
     """
 
     streams_attached: int
@@ -87,6 +105,7 @@ class CoordinatorServerStats:
     malformed: int
     requests: int
     updates_sent: int
+    coordinator: CoordinatorStats | None = None
 
 
 @dataclass(slots=True)
@@ -169,6 +188,11 @@ class _Servicer:
                 request_deserializer=pb.ListStreamsRequest.FromString,
                 response_serializer=pb.ListStreamsReply.SerializeToString,
             ),
+            "Lag": grpc.unary_unary_rpc_method_handler(
+                self.Lag,
+                request_deserializer=pb.LagRequest.FromString,
+                response_serializer=pb.LagReply.SerializeToString,
+            ),
         }
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
@@ -230,6 +254,13 @@ class _Servicer:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         return wire.streams_message(streams)
 
+    async def Lag(
+        self, request: pb.LagRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.LagReply:
+        await self.server._check_token(context)
+        namespace, stream, group = lag_wire.lag_filters(request)
+        return lag_wire.lag_reply(self.server.lag(namespace, stream=stream, group=group))
+
 
 class _Stream:
     """One attached Connect stream: a reader applying requests in order, and a writer
@@ -278,16 +309,9 @@ class _Stream:
                 message = await _read(server, context)
                 if message is None:
                     break
-                kind = message.WhichOneof("body")
-                if kind == "goodbye":
+                if await self._on_message(message):
                     goodbye = True
                     break
-                if kind == "hello":
-                    await context.abort(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        "hello is sent once, first: open a new stream to reconnect",
-                    )
-                self.outbox.put_nowait(await self._answer(message))
         except asyncio.CancelledError:
             if not self.replaced:
                 raise
@@ -324,6 +348,24 @@ class _Stream:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(writer, server.settings.shutdown_grace)
             writer.cancel()
+
+    async def _on_message(self, message: pb.ClientMessage) -> bool:
+        """Carry out a message that follows the hello; True for a goodbye (the client
+        leaves: its positions go at once, its consumers when the stream ends)."""
+        kind = message.WhichOneof("body")
+        if kind == "goodbye":
+            self.server._forget_positions(self.connection)
+            return True
+        if kind == "hello":
+            await self.context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "hello is sent once, first: open a new stream to reconnect",
+            )
+        if kind == "positions":  # no reply
+            self.server._report_positions(self.connection, message.positions)
+        else:
+            self.outbox.put_nowait(await self._answer(message))
+        return False
 
     async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
         self.server._counters.requests += 1
@@ -394,6 +436,9 @@ class CoordinatorServer:
         )
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
+        self._lag = LagTable(self.settings.lag_expiry)
+        self._lag_lock = threading.Lock()  # the loop reports, any thread may read
+        _observed.observe(_observed.COORDINATOR, self)
 
     def start(self) -> CoordinatorServer:
         """Bind and start serving; `address` is then ``host:port`` (the bound port).
@@ -427,7 +472,7 @@ class CoordinatorServer:
     def _shut_down(self) -> None:
         future = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
         with contextlib.suppress(Exception):
-            future.result(timeout=self.settings.shutdown_grace + 10)
+            future.result(timeout=2 * self.settings.shutdown_grace + 10)  # see _stop
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
@@ -441,7 +486,41 @@ class CoordinatorServer:
         self.stop()
 
     def statistics(self) -> CoordinatorServerStats:
-        return self._counters.snapshot()
+        """The server's counters and the coordinator actor's statistics, asked of the
+        actor (waiting up to ``request_timeout``). Call it from any thread but the
+        server's loop (a metrics collector, the application)."""
+        stats: CoordinatorStats | None
+        try:
+            stats = self.coordinator.ask(
+                GetStatistics(), block=True, timeout=self.settings.request_timeout
+            )
+        except (pykka.ActorDeadError, pykka.Timeout):
+            stats = None
+        return dataclasses.replace(self._counters.snapshot(), coordinator=stats)
+
+    def lag(
+        self, namespace: str | None = None, *, stream: str | None = None, group: str | None = None
+    ) -> tuple[LagInfo, ...]:
+        """What `CoordinatorClient.lag` answers, read here without a gRPC round trip (for
+        metrics in the coordinator's process); from any thread."""
+        with self._lag_lock:
+            return self._lag.rows(time.time(), namespace, stream=stream, group=group)
+
+    def _report_positions(self, connection: str, message: pb.Positions) -> None:
+        positions, problems = lag_wire.positions_of(message)
+        if problems:
+            logger.warning(
+                "Connection %r reported %d invalid position(s), ignored: %s",
+                connection,
+                len(problems),
+                problems[0],
+            )
+        with self._lag_lock:
+            self._lag.report(connection, positions, time.time())
+
+    def _forget_positions(self, connection: str) -> None:
+        with self._lag_lock:
+            self._lag.forget(connection)
 
     # --- on the server's loop ------------------------------------------------------------
 
@@ -464,6 +543,9 @@ class CoordinatorServer:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace)
+        # gRPC's tasks of the calls the stop ended finish (up to shutdown_grace more)
+        # before `_shut_down` stops the loop.
+        await finish_other_tasks(self.settings.shutdown_grace)
 
     async def _check_token(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if bearer_token_ok(context.invocation_metadata(), self.settings.token):

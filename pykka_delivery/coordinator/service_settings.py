@@ -52,6 +52,10 @@ class CoordinatorServerSettings:
         hello_timeout: how long a new stream may take to send its hello before it is
             ended with DEADLINE_EXCEEDED. Default 10.
         shutdown_grace: seconds given to open streams when the server stops. Default 1.
+        lag_expiry: seconds after which a position (lag as data: docs/coordinator.md,
+            "Lag") not reported again is forgotten: a producer or consumer closed, or its
+            connection lost. Keep it well above the clients' ``report_interval``.
+            Default 30.
     """
 
     host: str = "127.0.0.1"
@@ -67,6 +71,7 @@ class CoordinatorServerSettings:
     ask_threads: int = 4
     hello_timeout: float = 10.0
     shutdown_grace: float = 1.0
+    lag_expiry: float = 30.0
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -79,6 +84,7 @@ class CoordinatorServerSettings:
                 "request_timeout",
                 "hello_timeout",
                 "shutdown_grace",
+                "lag_expiry",
             ),
         )
         checks = [
@@ -94,6 +100,7 @@ class CoordinatorServerSettings:
             (self.ask_threads >= 1, f"ask_threads must be at least 1, got {self.ask_threads}"),
             (self.hello_timeout > 0, "hello_timeout must be above 0 seconds"),
             (self.shutdown_grace >= 0, "shutdown_grace must be 0 seconds or more"),
+            (self.lag_expiry > 0, "lag_expiry must be above 0 seconds"),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
         ]
         for ok, problem in checks:
@@ -137,6 +144,10 @@ class CoordinatorClientSettings:
             before the client unregisters it, so that it does not block its group.
             Default 10.
         max_message_bytes: largest message sent or accepted. Default 4 MiB.
+        report_interval: how often the positions of this client's producers and
+            consumers go to the coordinator (lag as data: docs/coordinator.md, "Lag"),
+            one batch per interval, and only while there is something to report.
+            Default 1.
     """
 
     tls: TlsSettings | None = None
@@ -150,6 +161,7 @@ class CoordinatorClientSettings:
     close_timeout: float = 5.0
     orphan_grace: float = 10.0
     max_message_bytes: int = 4 * 1024 * 1024
+    report_interval: float = 1.0
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -164,6 +176,7 @@ class CoordinatorClientSettings:
                 "request_timeout",
                 "close_timeout",
                 "orphan_grace",
+                "report_interval",
             ),
         )
         checks = [
@@ -177,6 +190,7 @@ class CoordinatorClientSettings:
             (self.request_timeout > 0, "request_timeout must be above 0 seconds"),
             (self.close_timeout >= 0, "close_timeout must be 0 seconds or more"),
             (self.orphan_grace >= 0, "orphan_grace must be 0 seconds or more"),
+            (self.report_interval > 0, "report_interval must be above 0 seconds"),
             (
                 1024 <= self.max_message_bytes <= _MAX_MESSAGE_BYTES,
                 f"max_message_bytes must be 1024..{_MAX_MESSAGE_BYTES}",

@@ -9,6 +9,9 @@ a bad request is a `ValueError` naming the field, which the service returns as a
 
 from __future__ import annotations
 
+from typing import Any
+
+from pykka_delivery.coordinator.activations import ConsumerId, Handover, HandoverReason
 from pykka_delivery.coordinator.actor import (
     DeregisterService,
     RegisterService,
@@ -80,6 +83,12 @@ _CONNECTIVITY_TO_WIRE = {c: getattr(pb, f"CONNECTIVITY_{c.name}") for c in Conne
 _CONNECTIVITY_FROM_WIRE = {v: c for c, v in _CONNECTIVITY_TO_WIRE.items()}
 _ACTIVITY_TO_WIRE = {a: getattr(pb, f"ACTIVITY_{a.name}") for a in Activity}
 _ACTIVITY_FROM_WIRE = {v: a for a, v in _ACTIVITY_TO_WIRE.items()}
+_REASON_TO_WIRE: dict[HandoverReason, Any] = {
+    r: getattr(pb, f"HANDOVER_REASON_{r.name}")
+    for r in HandoverReason
+    if r is not HandoverReason.UNKNOWN
+}
+_REASON_FROM_WIRE = {v: r for r, v in _REASON_TO_WIRE.items()}
 
 
 def group_key(group: GroupId) -> pb.GroupKey:
@@ -309,7 +318,12 @@ def reply_of(reply: pb.Reply) -> Ok | Registered | pb.Refused:
 def groups_message(groups: tuple[GroupInfo, ...]) -> pb.ListGroupsReply:
     out = pb.ListGroupsReply()
     for info in groups:
-        wire = out.groups.add(group=group_key(info.group), partition_index=info.partition_index)
+        wire = out.groups.add(
+            group=group_key(info.group),
+            partition_index=info.partition_index,
+            disconnected_timeout=info.disconnected_timeout,
+            listed_at=info.listed_at,
+        )
         for c in info.consumers:
             wire.consumers.add(
                 connection=c.connection,
@@ -318,12 +332,49 @@ def groups_message(groups: tuple[GroupInfo, ...]) -> pb.ListGroupsReply:
                 owner=c.owner,
                 connectivity=_CONNECTIVITY_TO_WIRE[c.connectivity],
                 activity=_ACTIVITY_TO_WIRE[c.activity],
+                disconnected_at=c.disconnected_at,
             )
+        if info.last_handover is not None:
+            _handover_to_wire(info.last_handover, wire.last_handover)
     return out
 
 
+def _handover_to_wire(handover: Handover, out: pb.Handover) -> None:
+    out.at = handover.at
+    if handover.from_consumer is not None:
+        _consumer_id_to_wire(handover.from_consumer, out.from_consumer)
+    _consumer_id_to_wire(handover.to_consumer, out.to_consumer)
+    out.reason = _REASON_TO_WIRE.get(handover.reason, pb.HANDOVER_REASON_UNSPECIFIED)
+    out.duration = handover.duration
+
+
+def _consumer_id_to_wire(consumer: ConsumerId, out: pb.ConsumerId) -> None:
+    out.connection = consumer.connection
+    out.subscription_id = consumer.subscription_id
+    out.owner = consumer.owner
+
+
+def _consumer_id_of(wire: pb.ConsumerId) -> ConsumerId:
+    return ConsumerId(wire.connection, wire.subscription_id, wire.owner)
+
+
+def _handover_of(g: pb.GroupStatus) -> Handover | None:
+    if not g.HasField("last_handover"):
+        return None  # an older server, or no hand-over yet
+    h = g.last_handover
+    return Handover(
+        h.at,
+        _consumer_id_of(h.from_consumer) if h.HasField("from_consumer") else None,
+        _consumer_id_of(h.to_consumer),
+        _REASON_FROM_WIRE.get(h.reason, HandoverReason.UNKNOWN),
+        h.duration,
+    )
+
+
 def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
-    """The listing as `GroupInfo` records (``disconnected_at`` is not on the wire: 0)."""
+    """The listing as `GroupInfo` records. From an older server, which sends neither
+    hand-overs nor times, ``disconnected_at``, ``disconnected_timeout`` and
+    ``listed_at`` read 0."""
     return tuple(
         GroupInfo(
             group_id(g.group),
@@ -336,9 +387,13 @@ def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
                     c.owner,
                     _CONNECTIVITY_FROM_WIRE.get(c.connectivity, Connectivity.CONNECTED),
                     _ACTIVITY_FROM_WIRE.get(c.activity, Activity.WAITING),
+                    c.disconnected_at,
                 )
                 for c in g.consumers
             ),
+            _handover_of(g),
+            g.disconnected_timeout,
+            g.listed_at,
         )
         for g in reply.groups
     )

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -64,10 +63,15 @@ from pykka_delivery.coordinator.coordinated_consumer import (
 )
 from pykka_delivery.coordinator.state import SIMPLE
 from pykka_delivery.delivery.messages import Delivery
-from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupStore
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
-from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream, producer_id
+from pykka_delivery.partitions._member_parts import (
+    DedupSource,
+    dedup_factory,
+    for_partition,
+    producer_ref,
+)
+from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import unwrap
 from pykka_delivery.partitions.records import GroupDelivery, GroupMemberSettings, GroupMemberStats
@@ -90,9 +94,6 @@ logger = logging.getLogger("pykka_delivery.partitions")
 
 DEFAULT_NAMESPACE = "default"
 """The coordinator namespace of a `GroupMember` not given one."""
-
-DedupSource = str | os.PathLike[str] | Callable[[int], DedupStore]
-"""An SQLite file shared by the group's members, or a factory: partition -> a new store."""
 
 
 class GroupMember:
@@ -140,6 +141,13 @@ class GroupMember:
             the member that registered first consumes every partition and the others
             stand by, each taking over the partitions of a member that leaves or is lost
             (the Spark source's standby queries). Every member of a group must agree.
+        on_activated: called with a partition's index when this member starts consuming
+            it, on that partition's thread.
+        on_deactivated: called with a partition's index when this member stops
+            consuming it (handed over, connection lost, `close`), on the thread that
+            stopped it, before the partition is handed on. Both as
+            `CoordinatedConsumer`'s hooks: they must not block, and one that raises is
+            logged while consuming goes on.
 
     Raises:
         ValueError: a bad name or partition count, or a str ``producer`` without ``node``.
@@ -163,6 +171,8 @@ class GroupMember:
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         spread: bool = True,
+        on_activated: Callable[[int], None] | None = None,
+        on_deactivated: Callable[[int], None] | None = None,
     ) -> None:
         StreamConfig(stream, partitions)
         GroupConfig(group, (stream,))
@@ -198,14 +208,16 @@ class GroupMember:
                 namespace,
                 partition_stream(stream, partition),
                 group,
-                self._producer_ref(producer, partition, node),
+                producer_ref(producer, node, stream, group, partition),
                 partition_index=partition if spread else SIMPLE,
                 settings=settings.consumer,
                 serialization=serialization,
                 timer_service=timer_service,
                 node=node,
                 timeout=settings.registration_timeout,
-                dedup_store=self._dedup_factory(dedup_store, partition),
+                dedup_store=dedup_factory(dedup_store, settings.dedup, stream, group, partition),
+                on_activated=for_partition(on_activated, partition),
+                on_deactivated=for_partition(on_deactivated, partition),
             )
 
         self._join = join
@@ -396,8 +408,9 @@ class GroupMember:
         """Leave the group gracefully: handle no new delivery, give the handler calls in
         progress ``grace`` seconds (default ``settings.close_grace``) to finish and be
         confirmed, then unregister every partition (each goes to the next member at
-        once). Idempotent; may be called from a handler (which it then does not wait
-        for)."""
+        once) and end the partitions' threads, also those waiting for a delivery or an
+        activation. Idempotent; may be called from any thread, and from a handler (which
+        it then does not wait for)."""
         grace = self.settings.close_grace if grace is None else grace
         current = threading.current_thread()
         own = {p for p, thread in enumerate(self._threads) if thread is current}
@@ -444,25 +457,6 @@ class GroupMember:
         if self._closed:
             msg = f"GroupMember {self.group!r} of {self.stream!r} is closed"
             raise ClosedError(msg)
-
-    def _producer_ref(
-        self, producer: str | Callable[[int], Ref], partition: int, node: Node | None
-    ) -> Ref:
-        if not isinstance(producer, str):
-            return producer(partition)
-        assert node is not None
-        return node.ref(f"{producer}/{producer_id(self.stream, partition, self.group)}")
-
-    def _dedup_factory(
-        self, source: DedupSource | None, partition: int
-    ) -> Callable[[], DedupStore] | None:
-        if source is None:
-            return None
-        if callable(source):
-            return lambda: source(partition)
-        consumer_id = producer_id(self.stream, partition, self.group)
-        settings = self.settings.dedup
-        return lambda: SqliteDedupStore(source, consumer_id, settings)
 
     def _consume(self, partition: int) -> None:
         """A partition's thread: its deliveries, one at a time, while this member is its

@@ -42,6 +42,9 @@ Theory of operation:
 * Durable: given a durable queue (an SQLite file, or a factory), each (group, partition)
   producer stores its messages there before sending them; a restarted producer resends
   what no consumer confirmed, with the original seq_nrs (docs/durable.md).
+* Lag as data: given a `CoordinatorClient` (``coordinator``, or `from_coordinator`), the
+  client reports each (group, partition) producer's position at every
+  ``report_interval``, read from its snapshot then (docs/coordinator.md, "Lag").
 
 Limits. One `PartitionedProducer` per stream: the producer ids (and the names on the
 node) are the same in every process, so two live producers of one stream would take each
@@ -59,14 +62,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.coordinator.client import CoordinatorClient
+from pykka_delivery.coordinator.stream_rules import name_problem
 from pykka_delivery.delivery.handles.producer import Producer
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
+from pykka_delivery.partitions._positions import ProducerPositions
 from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream, producer_id
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
+from pykka_delivery.partitions.group import DEFAULT_NAMESPACE
 from pykka_delivery.partitions.records import PartitionedProducerSettings, PartitionedProducerStats
 from pykka_delivery.partitions.routing import Router
 from pykka_delivery.protocol.messages import Ref
@@ -117,9 +123,15 @@ class PartitionedProducer:
         timer_service: for the producers' timers; default the process-wide one.
         start: the first partition of the round robin of unkeyed messages; default a
             random one.
+        coordinator: a coordinator client that reports the producers' positions (lag as
+            data: ``client.lag()``); the caller owns it. None (the default): no reports.
+        namespace: the coordinator namespace of the groups' members (`GroupMember`'s
+            ``namespace``), under which the positions are reported. Default
+            `DEFAULT_NAMESPACE`.
 
     Raises:
-        ValueError: a bad name, partition count or group list, or ``start`` out of range.
+        ValueError: a bad name, partition count, group list or namespace, or ``start``
+            out of range.
         DurableQueueError: a durable queue could not be opened or loaded (those opened
             are closed again).
     """
@@ -136,9 +148,15 @@ class PartitionedProducer:
         serialization: Serialization | None = None,
         timer_service: TimerService | None = None,
         start: int | None = None,
+        coordinator: CoordinatorClient | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         StreamConfig(stream, partitions)  # checks the name and the count
         groups = _check_groups(stream, groups)
+        problem = name_problem("namespace", namespace)
+        if problem is not None:
+            msg = f"PartitionedProducer {stream!r}: {problem}"
+            raise ValueError(msg)
         self.settings = settings = settings or PartitionedProducerSettings()
         self.stream = stream
         self.partitions = partitions
@@ -155,12 +173,17 @@ class PartitionedProducer:
         self._owned_queues: list[DurableProducerQueue] = []
         # _producers[p][i]: group groups[i]'s producer of partition p.
         self._producers: list[list[Producer]] = []
+        self._positions: ProducerPositions | None = None
         try:
             for partition in range(partitions):
                 self._add_row(partition, self._producers)
         except BaseException:
             self.close()
             raise
+        if coordinator is not None:
+            self._positions = ProducerPositions(
+                coordinator, namespace, stream, groups=groups, rows=lambda: self._producers
+            )
 
     @classmethod
     def from_config(
@@ -193,7 +216,8 @@ class PartitionedProducer:
         stream catalog (see `catalog_partitions`: ``create_with`` creates a stream the
         catalog lacks). ``catalog_namespace`` is the stream's namespace in the catalog;
         ``timeout`` bounds each request to the coordinator; ``kwargs`` as for the
-        constructor.
+        constructor. The producer reports its positions through ``client`` unless
+        ``coordinator=None`` is given.
 
         Raises:
             KeyError, CoordinatorRefused, ...: as `catalog_partitions`.
@@ -202,6 +226,7 @@ class PartitionedProducer:
         partitions = catalog_partitions(
             client, stream, namespace=catalog_namespace, create_with=create_with, timeout=timeout
         )
+        kwargs.setdefault("coordinator", client)
         return cls(stream, partitions, groups, **kwargs)
 
     # --- sending -------------------------------------------------------------------------
@@ -423,6 +448,8 @@ class PartitionedProducer:
         `wait_confirmed` first, or use a durable queue), withdraw their names from the
         node, and close the durable queues this producer opened from a path. Idempotent."""
         self._closed = True
+        if self._positions is not None:
+            self._positions.close()
         self._close_rows(self._producers)
         queues, self._owned_queues = self._owned_queues, []
         for queue in queues:

@@ -171,7 +171,8 @@ class Router:
 
     Args:
         partitions: the stream's partition count, 1 or more.
-        start, run_length: of the `Spreader` for unkeyed messages.
+        start: of the `Spreader` for unkeyed messages.
+        run_length: of the `Spreader` for unkeyed messages.
 
     Raises:
         ValueError: as `Spreader`.

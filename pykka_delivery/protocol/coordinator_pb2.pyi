@@ -31,6 +31,20 @@ class Activity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTIVITY_ACTIVE: _ClassVar[Activity]
     ACTIVITY_WAITING: _ClassVar[Activity]
     ACTIVITY_DEACTIVATING: _ClassVar[Activity]
+
+class HandoverReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HANDOVER_REASON_UNSPECIFIED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_REGISTERED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_REBALANCED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_STEPPED_DOWN: _ClassVar[HandoverReason]
+    HANDOVER_REASON_UNREGISTERED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_CONNECTION_CLOSED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_CONNECTION_LOST: _ClassVar[HandoverReason]
+    HANDOVER_REASON_PRESUMED_DOWN: _ClassVar[HandoverReason]
+    HANDOVER_REASON_RECONNECTED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_PURGED: _ClassVar[HandoverReason]
+    HANDOVER_REASON_EVALUATED: _ClassVar[HandoverReason]
 REFUSAL_UNSPECIFIED: Refusal
 REFUSAL_PARTITION_INDEX_CONFLICT: Refusal
 REFUSAL_GROUP_NOT_FOUND: Refusal
@@ -47,6 +61,17 @@ ACTIVITY_UNSPECIFIED: Activity
 ACTIVITY_ACTIVE: Activity
 ACTIVITY_WAITING: Activity
 ACTIVITY_DEACTIVATING: Activity
+HANDOVER_REASON_UNSPECIFIED: HandoverReason
+HANDOVER_REASON_REGISTERED: HandoverReason
+HANDOVER_REASON_REBALANCED: HandoverReason
+HANDOVER_REASON_STEPPED_DOWN: HandoverReason
+HANDOVER_REASON_UNREGISTERED: HandoverReason
+HANDOVER_REASON_CONNECTION_CLOSED: HandoverReason
+HANDOVER_REASON_CONNECTION_LOST: HandoverReason
+HANDOVER_REASON_PRESUMED_DOWN: HandoverReason
+HANDOVER_REASON_RECONNECTED: HandoverReason
+HANDOVER_REASON_PURGED: HandoverReason
+HANDOVER_REASON_EVALUATED: HandoverReason
 
 class GroupKey(_message.Message):
     __slots__ = ("namespace", "stream", "name")
@@ -146,8 +171,54 @@ class CreateStream(_message.Message):
     partitions: int
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
+class ProducerPosition(_message.Message):
+    __slots__ = ("namespace", "stream", "partition_index", "producer_id", "sent", "confirmed", "oldest_unconfirmed_age", "group")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONFIRMED_AGE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    partition_index: int
+    producer_id: str
+    sent: int
+    confirmed: int
+    oldest_unconfirmed_age: float
+    group: str
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_id: _Optional[str] = ..., sent: _Optional[int] = ..., confirmed: _Optional[int] = ..., oldest_unconfirmed_age: _Optional[float] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ConsumerPosition(_message.Message):
+    __slots__ = ("namespace", "stream", "group", "partition_index", "producer_id", "received", "confirmed")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    group: str
+    partition_index: int
+    producer_id: str
+    received: int
+    confirmed: int
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., group: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_id: _Optional[str] = ..., received: _Optional[int] = ..., confirmed: _Optional[int] = ...) -> None: ...
+
+class Positions(_message.Message):
+    __slots__ = ("producers", "consumers")
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerPosition]
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerPosition]
+    def __init__(self, producers: _Optional[_Iterable[_Union[ProducerPosition, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ...) -> None: ...
+
 class ClientMessage(_message.Message):
-    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service", "create_stream")
+    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service", "create_stream", "positions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +230,7 @@ class ClientMessage(_message.Message):
     WATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
     UNWATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
     CREATE_STREAM_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     register: Register
@@ -170,7 +242,8 @@ class ClientMessage(_message.Message):
     watch_service: WatchService
     unwatch_service: UnwatchService
     create_stream: CreateStream
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ..., create_stream: _Optional[_Union[CreateStream, _Mapping]] = ...) -> None: ...
+    positions: Positions
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ..., create_stream: _Optional[_Union[CreateStream, _Mapping]] = ..., positions: _Optional[_Union[Positions, _Mapping]] = ...) -> None: ...
 
 class Ok(_message.Message):
     __slots__ = ()
@@ -251,30 +324,62 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class ConsumerStatus(_message.Message):
-    __slots__ = ("connection", "subscription_id", "node", "owner", "connectivity", "activity")
+    __slots__ = ("connection", "subscription_id", "node", "owner", "connectivity", "activity", "disconnected_at")
     CONNECTION_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     CONNECTIVITY_FIELD_NUMBER: _ClassVar[int]
     ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    DISCONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
     connection: str
     subscription_id: int
     node: str
     owner: str
     connectivity: Connectivity
     activity: Activity
-    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., connectivity: _Optional[_Union[Connectivity, str]] = ..., activity: _Optional[_Union[Activity, str]] = ...) -> None: ...
+    disconnected_at: float
+    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., connectivity: _Optional[_Union[Connectivity, str]] = ..., activity: _Optional[_Union[Activity, str]] = ..., disconnected_at: _Optional[float] = ...) -> None: ...
+
+class ConsumerId(_message.Message):
+    __slots__ = ("connection", "subscription_id", "owner")
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    connection: str
+    subscription_id: int
+    owner: str
+    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class Handover(_message.Message):
+    __slots__ = ("at", "from_consumer", "to_consumer", "reason", "duration")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    FROM_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    TO_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    from_consumer: ConsumerId
+    to_consumer: ConsumerId
+    reason: HandoverReason
+    duration: float
+    def __init__(self, at: _Optional[float] = ..., from_consumer: _Optional[_Union[ConsumerId, _Mapping]] = ..., to_consumer: _Optional[_Union[ConsumerId, _Mapping]] = ..., reason: _Optional[_Union[HandoverReason, str]] = ..., duration: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("group", "partition_index", "consumers")
+    __slots__ = ("group", "partition_index", "consumers", "last_handover", "disconnected_timeout", "listed_at")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HANDOVER_FIELD_NUMBER: _ClassVar[int]
+    DISCONNECTED_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    LISTED_AT_FIELD_NUMBER: _ClassVar[int]
     group: GroupKey
     partition_index: int
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStatus]
-    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., partition_index: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ...) -> None: ...
+    last_handover: Handover
+    disconnected_timeout: float
+    listed_at: float
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., partition_index: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., last_handover: _Optional[_Union[Handover, _Mapping]] = ..., disconnected_timeout: _Optional[float] = ..., listed_at: _Optional[float] = ...) -> None: ...
 
 class ListGroupsReply(_message.Message):
     __slots__ = ("groups",)
@@ -303,3 +408,43 @@ class ListStreamsReply(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     streams: _containers.RepeatedCompositeFieldContainer[StreamStatus]
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamStatus, _Mapping]]] = ...) -> None: ...
+
+class LagRequest(_message.Message):
+    __slots__ = ("namespace", "stream", "group")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    group: str
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class LagRow(_message.Message):
+    __slots__ = ("namespace", "stream", "group", "partition_index", "producer_id", "sent", "confirmed", "in_flight", "oldest_unconfirmed_age", "reported_at")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONFIRMED_AGE_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    group: str
+    partition_index: int
+    producer_id: str
+    sent: int
+    confirmed: int
+    in_flight: int
+    oldest_unconfirmed_age: float
+    reported_at: float
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., group: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_id: _Optional[str] = ..., sent: _Optional[int] = ..., confirmed: _Optional[int] = ..., in_flight: _Optional[int] = ..., oldest_unconfirmed_age: _Optional[float] = ..., reported_at: _Optional[float] = ...) -> None: ...
+
+class LagReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[LagRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[LagRow, _Mapping]]] = ...) -> None: ...

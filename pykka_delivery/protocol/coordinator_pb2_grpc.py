@@ -51,6 +51,11 @@ class CoordinatorStub:
                 request_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.SerializeToString,
                 response_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.FromString,
                 _registered_method=True)
+        self.Lag = channel.unary_unary(
+                '/pykka_delivery.coordinator.v1.Coordinator/Lag',
+                request_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.LagRequest.SerializeToString,
+                response_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.LagReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -80,6 +85,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lag(self, request, context):
+        """The lag per group, partition and producer, from the positions reported.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +109,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListStreams,
                     request_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.FromString,
                     response_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.SerializeToString,
+            ),
+            'Lag': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lag,
+                    request_deserializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.LagRequest.FromString,
+                    response_serializer=pykka__delivery_dot_protocol_dot_coordinator__pb2.LagReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +199,33 @@ class Coordinator:
             '/pykka_delivery.coordinator.v1.Coordinator/ListStreams',
             pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsRequest.SerializeToString,
             pykka__delivery_dot_protocol_dot_coordinator__pb2.ListStreamsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pykka_delivery.coordinator.v1.Coordinator/Lag',
+            pykka__delivery_dot_protocol_dot_coordinator__pb2.LagRequest.SerializeToString,
+            pykka__delivery_dot_protocol_dot_coordinator__pb2.LagReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,8 +58,8 @@ from pykka_delivery.coordinator import (
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node
-from tests.tcp_proxy import TcpProxy
 
 WAIT = 10.0  # the most any wait lasts
 TIMEOUT = 0.3  # the coordinator's disconnected timeout in these tests, seconds
@@ -839,6 +839,12 @@ class _FakeClient:
         pass
 
     def remove_listener(self, listener: Callable[[bool], None]) -> None:
+        pass
+
+    def add_position_source(self, source: Callable[[], Any]) -> None:
+        pass
+
+    def remove_position_source(self, source: Callable[[], Any]) -> None:
         pass
 
     def register(

@@ -1,0 +1,55 @@
+"""What a `GroupMember` hands each partition's `CoordinatedConsumer`: the producer's ref,
+the deduplication store factory and the hooks, each bound to the partition."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pykka_delivery.coordinator.coordinated_consumer import ActivationInterval
+from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
+from pykka_delivery.partitions.catalog import producer_id
+from pykka_delivery.protocol.messages import Ref
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = ["DedupSource", "dedup_factory", "for_partition", "producer_ref"]
+
+DedupSource = str | os.PathLike[str] | Callable[[int], DedupStore]
+"""An SQLite file shared by the group's members, or a factory: partition -> a new store."""
+
+
+def producer_ref(
+    producer: str | Callable[[int], Ref], node: Node | None, stream: str, group: str, p: int
+) -> Ref:
+    """Group ``group``'s producer of partition ``p``: at the node address ``producer``
+    (reached through ``node``), or ``producer(p)``."""
+    if not isinstance(producer, str):
+        return producer(p)
+    assert node is not None
+    return node.ref(f"{producer}/{producer_id(stream, p, group)}")
+
+
+def dedup_factory(
+    source: DedupSource | None,
+    settings: SqliteDedupSettings | None,
+    stream: str,
+    group: str,
+    p: int,
+) -> Callable[[], DedupStore] | None:
+    """A new store per activation of partition ``p``, None without deduplication."""
+    if source is None:
+        return None
+    if callable(source):
+        return lambda: source(p)
+    consumer_id = producer_id(stream, p, group)
+    return lambda: SqliteDedupStore(source, consumer_id, settings)
+
+
+def for_partition(
+    hook: Callable[[int], None] | None, p: int
+) -> Callable[[ActivationInterval], None] | None:
+    """A member's hook, called with the partition's index, as a consumer's hook."""
+    return None if hook is None else lambda _interval: hook(p)
