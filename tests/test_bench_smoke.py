@@ -34,6 +34,10 @@ KEYS = [
     # the latency floor: the raw stream, paced alike
     "grpc_p99_ms_at_2k",
     "grpc_p99_ms_at_100k",
+    # issue 19: the handle route with metrics served and scraped in both processes
+    "metrics_on_msgs_per_s",
+    "metrics_on_vs_handle",
+    "metrics_on_scrapes",
 ]
 
 
