@@ -1,0 +1,155 @@
+"""``pykka-delivery streams``: the coordinator's stream catalog with partition counts, and
+the producers (from the lag reports) and consumer groups of each stream."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from pykka_delivery.cli._app import QUIET, cli, logging_options
+from pykka_delivery.cli._options import (
+    CoordinatorOptions,
+    coordinator_client,
+    coordinator_options,
+    json_option,
+)
+from pykka_delivery.cli._output import console, print_json, table
+from pykka_delivery.coordinator.client import CoordinatorClient
+from pykka_delivery.coordinator.client_errors import ConnectionRejected, CoordinatorUnavailable
+from pykka_delivery.coordinator.lag import LagInfo
+from pykka_delivery.partitions.catalog import partition_stream
+
+__all__ = ["StreamRow", "on_stream", "stream_rows", "streams"]
+
+
+def on_stream(name: str, partition_index: int, stream: str) -> bool:
+    """Whether a group's or producer's stream ``name`` (a partition's stream for
+    ``partition_index`` >= 0) belongs to ``stream``."""
+    return name == stream or (
+        partition_index >= 0 and name == partition_stream(stream, partition_index)
+    )
+
+
+def _base(name: str, partition_index: int) -> str:
+    """The stream a partition's stream ``name`` belongs to (``orders-3`` -> ``orders``)."""
+    suffix = f"-{partition_index}"
+    if partition_index >= 0 and name.endswith(suffix) and len(name) > len(suffix):
+        return name[: -len(suffix)]
+    return name
+
+
+@dataclass(slots=True)
+class StreamRow:
+    """One stream as ``streams`` lists it.
+
+    Attributes:
+        namespace, stream: its key.
+        partitions: its partition count in the catalog; None if it is not in the catalog
+            (a plain stream that only groups or producers name).
+        groups: the consumer groups registered on it (any partition).
+        producers: the producer ids that reported positions for it (None: this
+            coordinator cannot say).
+    """
+
+    namespace: str
+    stream: str
+    partitions: int | None
+    groups: set[str] = field(default_factory=set)
+    producers: set[str] | None = field(default_factory=set)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "stream": self.stream,
+            "partitions": self.partitions,
+            "in_catalog": self.partitions is not None,
+            "groups": sorted(self.groups),
+            "producers": None if self.producers is None else sorted(self.producers),
+        }
+
+
+def stream_rows(
+    catalog: Iterable[tuple[str, str, int]],
+    groups: Iterable[tuple[str, str, int, str]],
+    producers: Iterable[tuple[str, str, int, str]] | None,
+) -> list[StreamRow]:
+    """The streams of ``catalog`` (namespace, name, partitions), with the ``groups`` and
+    ``producers`` (namespace, stream, partition index, name) on each; a stream they name
+    that the catalog lacks is listed too, without a partition count."""
+    rows: dict[tuple[str, str], StreamRow] = {
+        (ns, name): StreamRow(ns, name, partitions) for ns, name, partitions in catalog
+    }
+
+    def row_of(namespace: str, name: str, index: int) -> StreamRow:
+        for (ns, stream), row in rows.items():
+            if ns == namespace and on_stream(name, index, stream):
+                return row
+        base = _base(name, index)
+        return rows.setdefault((namespace, base), StreamRow(namespace, base, None))
+
+    for namespace, name, index, group in groups:
+        row_of(namespace, name, index).groups.add(group)
+    by_stream: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for namespace, name, index, producer in producers or ():
+        row = row_of(namespace, name, index)
+        by_stream[(row.namespace, row.stream)].add(producer)
+    for key, row in rows.items():
+        row.producers = None if producers is None else by_stream.get(key, set())
+    return sorted(rows.values(), key=lambda r: (r.namespace, r.stream))
+
+
+def _lag_or_none(
+    client: CoordinatorClient, namespace: str | None, timeout: float
+) -> tuple[LagInfo, ...] | None:
+    try:
+        return client.lag(namespace, timeout=timeout)
+    except (ConnectionRejected, CoordinatorUnavailable) as error:
+        if "UNIMPLEMENTED" not in str(error):
+            raise
+        return None  # a coordinator without lag reports: producers unknown
+
+
+@cli.command()
+@click.option("--namespace", "-n", default=None, help="Only the streams of this namespace.")
+@json_option
+@coordinator_options
+@logging_options(QUIET)
+def streams(*, namespace: str | None, as_json: bool, coordinator: CoordinatorOptions) -> None:
+    """The stream catalog: each stream's partition count, and the producers and consumer
+    groups on it. Streams that groups or producers use without a catalog entry are
+    listed too, with no partition count."""
+    timeout = coordinator.timeout
+    with coordinator_client(coordinator) as client:
+        catalog = client.list_streams(namespace, timeout=timeout)
+        listing = client.list_groups(namespace, timeout=timeout)
+        lag = _lag_or_none(client, namespace, timeout)
+    rows = stream_rows(
+        ((s.stream.namespace, s.stream.name, s.partitions) for s in catalog),
+        ((g.group.namespace, g.group.stream, g.partition_index, g.group.name) for g in listing),
+        None
+        if lag is None
+        else ((r.namespace, r.stream, r.partition_index, r.producer_id) for r in lag),
+    )
+    if as_json:
+        print_json({"streams": [row.document() for row in rows]})
+        return
+    console().print(
+        table(
+            "Streams",
+            ("NAMESPACE", "STREAM", "PARTITIONS", "GROUPS", "PRODUCERS"),
+            [
+                (
+                    r.namespace or '""',
+                    r.stream,
+                    "not in catalog" if r.partitions is None else str(r.partitions),
+                    ", ".join(sorted(r.groups)) or "-",
+                    "?" if r.producers is None else ", ".join(sorted(r.producers)) or "-",
+                )
+                for r in rows
+            ],
+        )
+    )
