@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: .venv venv demo test proto bench clean
+.PHONY: .venv venv demo test docs proto bench clean
 
 .venv venv: $(STAMP)
 
@@ -27,7 +27,13 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy pykka_delivery
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mkdocs build --strict --site-dir build/site
 	$(BIN)/python -m pytest
+
+# The documentation site (guides and API reference) into build/site; strict, so a broken
+# link or cross-reference fails. Open build/site/index.html, or `mkdocs serve` to browse.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # Regenerates pykka_delivery/protocol/*_pb2.py, *_pb2.pyi (and *_pb2_grpc.py for
 # protos with a service) from the .proto files. Commit the result.

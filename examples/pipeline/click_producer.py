@@ -8,7 +8,9 @@ clicks), at ``--rate`` clicks per second. ``send`` waits while the query's windo
 or while no query consumes, so nothing piles up. It prints ``SENT <n>`` as it goes and,
 when the query confirmed every click (each is in its durable log then), writes the clicks
 per (user, minute) it sent to ``--expected`` (JSON) and prints ``DONE``; then it waits
-for SIGTERM.
+for SIGTERM. With ``--coordinator`` its producers report their positions to the
+coordinator there, about once a second: ``pykka-delivery lag`` shows how far the query is
+behind.
 
 Run by examples/pipeline/run.py; alone: ``python click_producer.py --stream clicks-web``.
 """
@@ -16,6 +18,7 @@ Run by examples/pipeline/run.py; alone: ``python click_producer.py --stream clic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import signal
@@ -24,6 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from pykka_delivery.coordinator import CoordinatorClient
 from pykka_delivery.partitions import PartitionedProducer
 from pykka_delivery.transport import Node
 
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=2000.0, help="clicks per second")
     parser.add_argument("--expected", type=Path, default=None)
+    parser.add_argument("--coordinator", default=None, help="host:port: report positions there")
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -48,7 +53,14 @@ def main() -> None:
     expected: Counter[str] = Counter()
     with (
         Node() as node,
-        PartitionedProducer(args.stream, args.partitions, ["spark"], node=node) as producer,
+        (
+            contextlib.nullcontext()
+            if args.coordinator is None
+            else CoordinatorClient(args.coordinator, node=node.address, owner=args.stream)
+        ) as client,
+        PartitionedProducer(
+            args.stream, args.partitions, ["spark"], node=node, coordinator=client
+        ) as producer,
     ):
         print(f"READY {node.address}", flush=True)
         began = time.monotonic()

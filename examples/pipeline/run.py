@@ -16,11 +16,16 @@ What runs (everything on 127.0.0.1, state in SQLite files in a temporary directo
    consumer is killed (SIGKILL) and a new one joins: the rows it held go to the others,
    and none is stored twice.
 
+While it runs, progress bars show each stage, with the lag the coordinator reports
+(`CoordinatorClient.lag()`, what ``pykka-delivery lag`` prints: the producers and the
+query's consumers report their positions about once a second).
+
 At the end the demo checks, against what the producers report they sent (computed
 independently of Spark), that no click was lost or counted twice in Spark, and that the
-consumers stored every total once with the right count. It prints a report; its last line
-is one JSON object with ``sent``, ``received``, ``lost``, ``duplicates`` and
-``failovers``. Exit status 1 if anything was lost or doubled.
+consumers stored every total once with the right count. It prints a report (per stage:
+throughput, fail-overs, the largest lag seen); its last line is one JSON object with
+``sent``, ``received``, ``lost``, ``duplicates``, ``failovers`` and ``lag``. Exit status 1
+if anything was lost or doubled.
 
 Usage: python examples/pipeline/run.py [--clicks N] [--consumers K] [--keep DIR]
 """
@@ -33,9 +38,7 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,105 +47,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from display import StageProgress, console, report, stage_title
+from lag_watch import LagWatch
+from services import WAIT, Service, stop_services
+
 STREAMS = ("clicks-web", "clicks-mobile")
+SERVICE_KEY = "minute-totals"  # the sink's work-pulling service (totals_consumer.py)
 PARTITIONS = 4
-WAIT = 120.0  # bound on every wait for a service
-
-
-class Service:
-    """A child process whose stdout lines report its state (READY, SENT n, APPLIED n, DONE)."""
-
-    def __init__(self, name: str, script: str, *args: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / script), *args],
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.address = ""
-        self.count = 0
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            word, _, rest = line.strip().partition(" ")
-            if word == "READY":
-                self.address = rest
-                self.ready.set()
-            elif word in ("SENT", "APPLIED"):
-                self.count = int(rest)
-            elif word == "DONE":
-                self.done.set()
-
-    def wait_ready(self) -> None:
-        if not self.ready.wait(WAIT):
-            raise RuntimeError(f"{self.name} did not start within {WAIT} s")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(WAIT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WAIT)
-
-
-class Progress:
-    """Progress bars of the running stage, redrawn in place on a terminal, else a line
-    every few seconds."""
-
-    def __init__(self) -> None:
-        self.bars: dict[str, tuple[int, int]] = {}
-        self._tty = sys.stdout.isatty()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def set(self, name: str, done: int, total: int) -> None:
-        with self._lock:
-            self.bars[name] = (done, total)
-
-    def _line(self) -> str:
-        with self._lock:
-            bars = dict(self.bars)
-        parts = []
-        for name, (done, total) in bars.items():
-            filled = int(20 * min(done, total) / total) if total else 0
-            parts.append(f"{name} [{'#' * filled}{'.' * (20 - filled)}] {done:,}/{total:,}")
-        return "  ".join(parts)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25 if self._tty else 3.0):
-            line = self._line()
-            if line:
-                print(
-                    f"\r{line}\033[K" if self._tty else f"  {line}",
-                    end="" if self._tty else "\n",
-                    flush=True,
-                )
-
-    def finish(self, message: str) -> None:
-        """Draw the bars once more and clear them."""
-        line = self._line()
-        with self._lock:
-            self.bars.clear()
-        print(f"\r{line}\033[K" if self._tty else f"  {line}", flush=True)
-        print(message, flush=True)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def spark_session() -> Any:
@@ -181,11 +92,9 @@ def start_query(
         seen[0] += frame.count()
         frame.unpersist()
 
+    clicks = spark.readStream.format("pykka-delivery").options(**options).load()
     clicks = (
-        spark.readStream.format("pykka-delivery")
-        .options(**options)
-        .load()
-        .select(
+        clicks.select(
             "producer_id",
             "seq_nr",
             f.from_json(f.col("payload").cast("string"), "user string, page string, ts long").alias(
@@ -232,15 +141,16 @@ def ledger_counts(path: Path) -> tuple[int, int]:
 class Pipeline:
     """One run of the demo: its services, its progress bars, what it observed."""
 
-    def __init__(self, args: argparse.Namespace, work: Path, spark: Any, coordinator: Any) -> None:
+    def __init__(
+        self, args: argparse.Namespace, work: Path, spark: Any, coordinator: Any, lag: LagWatch
+    ) -> None:
         self.args = args
         self.work = work
         self.spark = spark
         self.coordinator = coordinator
+        self.lag = lag
         self.services: list[Service] = []
-        self.progress = Progress()
-        self.failovers: list[str] = []
-        self.figures: dict[str, Any] = {}
+        self.figures: dict[str, Any] = {"stage1_failovers": [], "stage2_failovers": []}
 
     def service(self, name: str, script: str, *args: str) -> Service:
         found = Service(name, script, *args)
@@ -281,6 +191,8 @@ class Pipeline:
                 str(args.rate),
                 "--expected",
                 str(work / f"expected-{stream}.json"),
+                "--coordinator",
+                self.coordinator.address,
             )
             for i, stream in enumerate(STREAMS)
         ]
@@ -295,39 +207,41 @@ class Pipeline:
             window=200,
             max_rows_per_batch=4000,
         )
-        print(
+        stage_title(
             f"Stage 1: 2 producer services send {total:,} clicks; a streaming query counts "
-            f"them per user per minute",
-            flush=True,
+            f"them per user per minute"
         )
+        self.lag.watch("stage 1", STREAMS)
+        failovers = self.figures["stage1_failovers"]
         seen = [0]
+        with StageProgress() as bars:
 
-        def progress() -> bool:
-            self.progress.set("clicks sent", sum(p.count for p in producers), total)
-            self.progress.set("counted by Spark", seen[0], total)
-            return False
+            def progress() -> bool:
+                bars.set("clicks sent", sum(p.count for p in producers), total)
+                bars.set("counted by Spark", seen[0], total, note=self.lag.note())
+                return False
 
-        began = time.monotonic()
-        query = start_query(spark, options, work / "out", checkpoint, seen)
-        wait_for(lambda: progress() or seen[0] >= total * 0.4, "40% of the clicks in Spark")
-        query.stop()
-        self.progress.finish(
-            f"  query stopped with {seen[0]:,} clicks counted; starting it again from its "
-            f"checkpoint"
-        )
-        self.failovers.append(
-            f"streaming query stopped at {seen[0]:,} clicks and restarted from its checkpoint"
-        )
-        query = start_query(spark, options, work / "out", checkpoint, seen)
-        wait_for(
-            lambda: progress() or all(p.done.is_set() for p in producers),
-            "the producers' last confirmations",
-        )
-        query.processAllAvailable()
-        progress()
-        query.stop()
-        seconds = time.monotonic() - began
-        self.progress.finish(f"  stage 1 done in {seconds:.1f} s")
+            began = time.monotonic()
+            query = start_query(spark, options, work / "out", checkpoint, seen)
+            wait_for(lambda: progress() or seen[0] >= total * 0.4, "40% of the clicks in Spark")
+            query.stop()
+            bars.print(
+                f"  query stopped with {seen[0]:,} clicks counted; starting it again from its "
+                f"checkpoint"
+            )
+            failovers.append(
+                f"streaming query stopped at {seen[0]:,} clicks and restarted from its checkpoint"
+            )
+            query = start_query(spark, options, work / "out", checkpoint, seen)
+            wait_for(
+                lambda: progress() or all(p.done.is_set() for p in producers),
+                "the producers' last confirmations",
+            )
+            query.processAllAvailable()
+            progress()
+            query.stop()
+            seconds = time.monotonic() - began
+        console.print(f"  stage 1 done in {seconds:.1f} s")
 
         # Checked against what the producers sent (computed without Spark).
         from pyspark.sql import functions as f  # noqa: PLC0415
@@ -367,41 +281,47 @@ class Pipeline:
         for consumer in consumers:
             consumer.wait_ready()
         rows = len(spark_totals)
-        print(
+        stage_title(
             f"Stage 2: the sink delivers {rows:,} per-minute totals to {len(consumers)} "
-            f"consumer services; one is killed midway and replaced",
-            flush=True,
+            f"consumer services; one is killed midway and replaced"
         )
+        self.lag.watch("stage 2", (SERVICE_KEY,))
         killed: list[str] = []
         finished = threading.Event()
+        with StageProgress() as bars:
 
-        def chaos() -> None:
-            while not finished.is_set():
-                stored, _ = ledger_counts(ledger)
-                self.progress.set("totals stored", stored, rows)
-                if not killed and stored >= rows / 3:
-                    consumers[0].kill()
-                    killed.append(consumers[0].name)
-                    consumers.append(self.consumer(len(consumers), ledger))
-                time.sleep(0.05)
+            def chaos() -> None:
+                while not finished.is_set():
+                    stored, _ = ledger_counts(ledger)
+                    bars.set("totals stored", stored, rows, note=self.lag.note())
+                    if not killed and stored >= rows / 3:
+                        consumers[0].kill()
+                        killed.append(consumers[0].name)
+                        bars.print(
+                            f"  {killed[0]} killed (SIGKILL); consumer-{len(consumers)} joins"
+                        )
+                        consumers.append(self.consumer(len(consumers), ledger))
+                    time.sleep(0.05)
 
-        watcher = threading.Thread(target=chaos, daemon=True)
-        began = time.monotonic()
-        watcher.start()
-        try:
-            table = self.spark.read.parquet(str(self.work / "minute_totals")).repartition(4)
-            table.write.format("pykka-delivery").options(
-                **self.coordinator.options(service_key="minute-totals", timeout=120)
-            ).mode("append").save()
-        finally:
-            finished.set()
-            watcher.join(10)
-        seconds = time.monotonic() - began
-        stored, distinct = ledger_counts(ledger)
-        self.progress.set("totals stored", stored, rows)
-        self.progress.finish(f"  stage 2 done in {seconds:.1f} s")
+            watcher = threading.Thread(target=chaos, daemon=True)
+            began = time.monotonic()
+            watcher.start()
+            try:
+                table = self.spark.read.parquet(str(self.work / "minute_totals")).repartition(4)
+                table.write.format("pykka-delivery").options(
+                    **self.coordinator.options(service_key=SERVICE_KEY, timeout=120)
+                ).mode("append").save()
+            finally:
+                finished.set()
+                watcher.join(10)
+            seconds = time.monotonic() - began
+            stored, distinct = ledger_counts(ledger)
+            bars.set("totals stored", stored, rows)
+        console.print(f"  stage 2 done in {seconds:.1f} s")
         if killed:
-            self.failovers.append(f"{killed[0]} killed (SIGKILL) mid-delivery and replaced")
+            self.figures["stage2_failovers"].append(
+                f"{killed[0]} killed (SIGKILL) mid-delivery and replaced"
+            )
         with contextlib.closing(sqlite3.connect(ledger, timeout=30)) as db:
             delivered = {
                 f"{u}|{m}": c for u, m, c in db.execute("SELECT user, minute, clicks FROM totals")
@@ -427,7 +347,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from pykka_delivery.spark import coordinator_in_driver  # noqa: PLC0415
 
     started = time.monotonic()
-    print("Starting Spark (local[2]) and the coordinator in its driver ...", flush=True)
+    console.print("Starting Spark (local[2]) and the coordinator in its driver ...")
     spark = spark_session()
     pipeline: Pipeline | None = None
     try:
@@ -436,14 +356,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             log_path=work / "coordinator.sqlite",
             settings=CoordinatorSettings(disconnected_timeout=2.0),
         ) as coordinator:
-            pipeline = Pipeline(args, work, spark, coordinator)
+            lag = LagWatch(coordinator.address)
+            pipeline = Pipeline(args, work, spark, coordinator, lag)
             try:
                 pipeline.stage_two(pipeline.stage_one())
             finally:
-                stop_services(pipeline.services)  # while the coordinator is up
+                # While the coordinator is up: the services and the lag client say goodbye.
+                stop_services(pipeline.services)
+                lag.close()
     finally:
         if pipeline is not None:
-            pipeline.progress.close()
             stop_services(pipeline.services)
         spark.stop()
     figures = pipeline.figures
@@ -454,48 +376,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         + figures["totals_lost"]
         + max(0, figures["clicks_sent"] - figures["clicks_delivered"]),
         duplicates=figures["clicks_duplicates"] + figures["totals_duplicates"],
-        failovers=len(pipeline.failovers),
-        failover_events=pipeline.failovers,
+        failovers=len(figures["stage1_failovers"]) + len(figures["stage2_failovers"]),
+        lag={
+            stage: {"in_flight": seen.in_flight, "oldest_unconfirmed_s": round(seen.oldest_age, 1)}
+            for stage, seen in lag.stages.items()
+            if seen.samples
+        },
+        lag_stages=lag.stages,
+        lag_problem=lag.problem,
+        lag_command=f"pykka-delivery lag --address {coordinator.address}",
         seconds=round(time.monotonic() - started, 1),
     )
     return figures
-
-
-def stop_services(services: list[Service]) -> None:
-    for service in services:
-        if service.proc.poll() is None:
-            service.proc.terminate()
-    for service in services:
-        service.stop()
-
-
-def report(figures: dict[str, Any]) -> None:
-    counted = figures["clicks_sent"] - figures["clicks_lost"]
-    stored = figures["totals_sent"] - figures["totals_lost"]
-    lines = [
-        ("clicks sent by the producer services", f"{figures['clicks_sent']:,}"),
-        ("clicks counted by Spark (distinct)", f"{counted:,}"),
-        (
-            "lost / counted twice in Spark",
-            f"{figures['clicks_lost']} / {figures['clicks_duplicates']}",
-        ),
-        ("per-minute totals equal the producers'", str(figures["totals_match_producers"])),
-        ("stage 1 clicks/s, end to end", f"{figures['stage1_msgs_per_s']:,}"),
-        ("totals delivered through the sink", f"{figures['totals_sent']:,}"),
-        ("stored by the consumers (distinct)", f"{stored:,}"),
-        ("lost / stored twice", f"{figures['totals_lost']} / {figures['totals_duplicates']}"),
-        ("consumers' totals equal Spark's", str(figures["totals_match_spark"])),
-        ("stored per consumer", str(figures["stored_by_consumer"])),
-        ("stage 2 rows/s, end to end", f"{figures['stage2_rows_per_s']:,}"),
-        ("fail-overs observed", str(figures["failovers"])),
-    ]
-    print()
-    print("Pipeline report")
-    for label, value in lines:
-        print(f"  {label:<40}{value:>12}")
-    for event in figures["failover_events"]:
-        print(f"    - {event}")
-    print(f"  {'total time':<40}{figures['seconds']:>10} s")
 
 
 def main() -> None:
@@ -507,10 +399,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="keep the files in this directory")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.ERROR)
-    # A gRPC server's event loop reports the streams it cut at shutdown: not news here.
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    logging.getLogger("grpc").setLevel(logging.CRITICAL)
+    # Stopping the query midway (the fail-over shown) interrupts the micro-batch it runs;
+    # py4j logs that interrupted callback with its traceback at ERROR. A failure that
+    # matters still ends the query, and the demo with it.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
     work = args.keep or Path(tempfile.mkdtemp(prefix="pykka-delivery-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -526,18 +418,15 @@ def main() -> None:
         and figures["totals_match_spark"]
         and figures["received"] == figures["sent"]
     )
-    summary = {k: figures[k] for k in ("sent", "received", "lost", "duplicates", "failovers")}
+    keys = ("sent", "received", "lost", "duplicates", "failovers", "lag", "seconds")
+    summary = {k: figures[k] for k in keys}
     summary.update(
-        seconds=figures["seconds"],
         stage1_msgs_per_s=figures["stage1_msgs_per_s"],
         stage2_rows_per_s=figures["stage2_rows_per_s"],
         ok=ok,
     )
-    print(json.dumps(summary), flush=True)
-    sys.stderr.flush()
-    # Everything is stopped; skip the interpreter's teardown, where grpc's Cython layer
-    # prints the tasks of closed event loops after our last line.
-    os._exit(0 if ok else 1)
+    print(json.dumps(summary), flush=True)  # plain: one line a program can parse
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
