@@ -45,7 +45,11 @@ class Service:
             self.lines.put(line.rstrip("\n"))
 
     def wait_for(self, text: str) -> str:
-        """The first line (from now) containing ``text``."""
+        """The first line containing ``text``, read already or waited for (threads of the
+        service print, so lines of one moment come in any order)."""
+        for line in self.seen:
+            if text in line:
+                return line
         while True:
             try:
                 line = self.lines.get(timeout=WAIT)
