@@ -7,6 +7,11 @@ from collections.abc import Iterator
 import pykka
 import pytest
 
+# The throwaway PostgreSQL server (session) and a fresh database per test.
+from tests.postgres import postgres, postgres_url
+
+__all__ = ["postgres", "postgres_url"]
+
 
 @pytest.fixture(autouse=True)
 def stop_all_actors() -> Iterator[None]:

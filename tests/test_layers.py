@@ -33,6 +33,7 @@ LAYERS = "inside delivery: handles and actors above session above stores above c
 LOGS = "logs imports nothing else of ours"
 CLI = "nothing imports cli"
 TESTING = "nothing imports testing but LossyRef's old home"
+POSTGRES = "only _postgres imports psycopg"
 
 
 def contracts() -> dict[str, dict[str, Any]]:
@@ -98,6 +99,8 @@ def test_the_package_keeps_every_layer_contract() -> None:
         ("_observed.py", "import prometheus_client", METRICS),
         ("delivery/handles/consumer.py", "import pykka_delivery.testing", TESTING),
         ("transport/node.py", "import pykka_delivery.testing.tcp_proxy", TESTING),
+        ("delivery/stores/durable_postgres.py", "import psycopg", POSTGRES),
+        ("coordinator/service.py", "import psycopg_pool", POSTGRES),
     ],
 )
 def test_a_forbidden_import_breaks_the_contract_that_forbids_it(
@@ -119,3 +122,34 @@ def test_the_transport_contract_forbids_every_other_module_of_ours() -> None:
     forbidden = set(contracts()[TRANSPORT]["forbidden_modules"])
 
     assert forbidden == {f"pykka_delivery.{name}" for name in sorted(ours - allowed)}
+
+
+def test_the_library_imports_without_the_postgres_extra() -> None:
+    """Every module but the PostgreSQL ones imports with psycopg missing, and a PostgreSQL
+    store's module then fails naming the extra."""
+    script = """
+import importlib, pkgutil, sys
+sys.modules["psycopg"] = None
+sys.modules["psycopg_pool"] = None
+import pykka_delivery
+for info in pkgutil.walk_packages(pykka_delivery.__path__, "pykka_delivery."):
+    optional = ("pykka_delivery.spark", "pykka_delivery.metrics")
+    if "postgres" in info.name or info.name.startswith(optional) or "__main__" in info.name:
+        continue
+    importlib.import_module(info.name)
+try:
+    importlib.import_module("pykka_delivery.delivery.stores.durable_postgres")
+except ImportError as error:
+    print("refused:", error)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'pykka-delivery[postgres]'" in result.stdout

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
@@ -44,12 +44,12 @@ from pykka_delivery.delivery.stores.durable_queue import (
     DurableQueueError,
     MessageSent,
 )
-from pykka_delivery.protocol.messages import ChunkedMessage
-from pykka_delivery.protocol.serialization import (
-    Serialization,
-    SerializationError,
-    default_serialization,
+from pykka_delivery.delivery.stores.durable_rows import (
+    decode_row,
+    encode_row,
+    partial_chunk_drops,
 )
+from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
 __all__ = ["SqliteDurableQueue", "SqliteQueueSettings"]
 
@@ -235,7 +235,10 @@ class SqliteDurableQueue:
                 " WHERE producer_id = ? ORDER BY seq_nr",
                 (self.producer_id,),
             ).fetchall()
-            unconfirmed = tuple(self._decode(row) for row in rows)
+            where = f"durable queue {self.path}"
+            unconfirmed = tuple(
+                decode_row(self._serialization, row, where, self.producer_id) for row in rows
+            )
             confirmed = self._confirmed_rows(conn)
         self._after_commit()
         self._current_seq_nr = current
@@ -270,7 +273,10 @@ class SqliteDurableQueue:
             self._connection()
             if not check_batch(self._current_seq_nr, batch):
                 return
-            rows = [self._encode(sent) for sent in batch]
+            where = f"durable queue {self.path}"
+            rows = [
+                encode_row(self._serialization, self.producer_id, sent, where) for sent in batch
+            ]
             next_seq_nr = batch[-1].seq_nr + 1
             with self._write(f"store seq_nr {batch[0].seq_nr}..{batch[-1].seq_nr}") as conn:
                 self._write_pending(conn)
@@ -487,26 +493,19 @@ class SqliteDurableQueue:
         if not rows:
             return
         current, highest = self._producer_row(conn)
-        skeleton = tuple(
-            MessageSent(seq_nr, ChunkedMessage(b"", bool(f), bool(la), 0, ""), False, "", 0)
-            if chunked
-            else MessageSent(seq_nr, None, False, "", 0)
-            for seq_nr, chunked, f, la in conn.execute(
-                "SELECT seq_nr, chunked, first_chunk, last_chunk FROM message_sent"
-                " WHERE producer_id = ? ORDER BY seq_nr",
-                (self.producer_id,),
-            )
-        )
-        state = DurableProducerState(current, highest, {}, skeleton)
-        cleaned = state.cleanup_partial_chunked_messages()
-        kept = {m.seq_nr for m in cleaned.unconfirmed}
-        dropped = [(self.producer_id, m.seq_nr) for m in skeleton if m.seq_nr not in kept]
+        flags = conn.execute(
+            "SELECT seq_nr, chunked, first_chunk, last_chunk FROM message_sent"
+            " WHERE producer_id = ? ORDER BY seq_nr",
+            (self.producer_id,),
+        ).fetchall()
+        drops, current = partial_chunk_drops(current, highest, flags)
+        dropped = [(self.producer_id, seq_nr) for seq_nr in drops]
         conn.executemany("DELETE FROM message_sent WHERE producer_id = ? AND seq_nr = ?", dropped)
         conn.execute(
             "UPDATE producer SET current_seq_nr = ? WHERE producer_id = ?",
-            (cleaned.current_seq_nr, self.producer_id),
+            (current, self.producer_id),
         )
-        self._current_seq_nr = cleaned.current_seq_nr
+        self._current_seq_nr = current
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -536,56 +535,6 @@ class SqliteDurableQueue:
         # If the file cannot be read now, the next call reports it.
         with contextlib.suppress(sqlite3.Error, DurableQueueError):
             self._current_seq_nr = self._producer_row(conn)[0]
-
-    # --- payloads -----------------------------------------------------------------------------
-
-    def _encode(self, sent: MessageSent) -> tuple[Any, ...]:
-        message = sent.message
-        if isinstance(message, ChunkedMessage):
-            chunked, first, last = 1, int(message.first_chunk), int(message.last_chunk)
-            serializer_id, manifest, data = message.serializer_id, message.manifest, message.data
-        else:
-            chunked, first, last = 0, 1, 1
-            try:
-                serializer_id, manifest, data = self._serialization.serialize(message)
-            except SerializationError as error:
-                msg = f"durable queue {self.path}: cannot store seq_nr {sent.seq_nr}: {error}"
-                raise DurableQueueError(msg) from error
-        qualifier = sent.confirmation_qualifier
-        if not isinstance(qualifier, str):
-            msg = f"confirmation_qualifier must be a str, got {qualifier!r}"
-            raise DurableQueueError(msg)
-        return (
-            self.producer_id,
-            sent.seq_nr,
-            qualifier,
-            int(bool(sent.ack)),
-            int(sent.timestamp_millis),
-            chunked,
-            first,
-            last,
-            serializer_id,
-            manifest,
-            bytes(data),
-        )
-
-    def _decode(self, row: tuple[Any, ...]) -> MessageSent:
-        (seq_nr, qualifier, ack, timestamp_millis, chunked, first, last) = row[:7]
-        serializer_id, manifest, data = row[7:]
-        message: Any
-        if chunked:
-            message = ChunkedMessage(bytes(data), bool(first), bool(last), serializer_id, manifest)
-        else:
-            try:
-                message = self._serialization.deserialize(serializer_id, manifest, bytes(data))
-            except SerializationError as error:
-                msg = (
-                    f"durable queue {self.path}, producer id {self.producer_id!r}, seq_nr "
-                    f"{seq_nr}: cannot read the stored payload ({error}); give this queue "
-                    "the Serialization that wrote it (serialization=...)"
-                )
-                raise DurableQueueError(msg) from error
-        return MessageSent(seq_nr, message, bool(ack), qualifier, timestamp_millis)
 
     # --- errors and release -------------------------------------------------------------------
 

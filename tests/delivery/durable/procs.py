@@ -6,7 +6,8 @@ the services of tests/transport/procs.py (whose `Proc` wrapper the tests use to 
     python -m tests.delivery.durable.procs produce --db Q --consumer HOST:PORT/NAME --count N
     python -m tests.delivery.durable.procs consume --file F --count N [--dedup-db D]
 
-* ``produce``: a durable `Producer` on `SqliteDurableQueue(--db, --producer-id)`, exposed
+* ``produce``: a durable `Producer` on `SqliteDurableQueue(--db, --producer-id)` (a
+  `PostgresDurableQueue` when ``--db`` is a ``postgresql://`` URL), exposed
   as ``durable-producer-<pid>``. It registers the consumer at ``--consumer`` itself, so a
   restarted producer (a new node address every time) reaches the consumer without the
   consumer knowing where it went; the name carries the process id so that two
@@ -50,6 +51,7 @@ from pykka_delivery import (
     SqliteDedupStore,
     SqliteDurableQueue,
 )
+from pykka_delivery.delivery.stores.durable_postgres import PostgresDurableQueue
 from pykka_delivery.transport import Node, NodeSettings
 
 NUMBER_BYTES = 8
@@ -65,7 +67,11 @@ def payload_of(number: int) -> bytes:
 
 
 def produce(args: argparse.Namespace) -> int:
-    queue = SqliteDurableQueue(args.db, args.producer_id)
+    queue: Any
+    if args.db.startswith("postgresql://"):
+        queue = PostgresDurableQueue(args.db, args.producer_id)
+    else:
+        queue = SqliteDurableQueue(args.db, args.producer_id)
     try:
         with Node(NodeSettings(port=0)) as node:
             name = f"durable-producer-{os.getpid()}"
@@ -169,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     sub = commands.add_parser("produce", help="a durable producer sending 1..--count")
-    sub.add_argument("--db", required=True, help="the SqliteDurableQueue file")
+    sub.add_argument(
+        "--db", required=True, help="the SqliteDurableQueue file, or a postgresql:// URL"
+    )
     sub.add_argument("--producer-id", default="durable-orders")
     sub.add_argument("--consumer", required=True, help="host:port/name of the consumer")
     sub.add_argument("--count", type=int, required=True, help="the last number to send")

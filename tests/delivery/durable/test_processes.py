@@ -201,10 +201,11 @@ class KillRun:
 
 
 def run_with_kills(
-    spawn: Spawn, tmp_path: Path, *, dedup: bool
+    spawn: Spawn, tmp_path: Path, *, dedup: bool, queue: str = ""
 ) -> tuple[list[int], list[Incarnation], dict[str, Any], int]:
     """The whole scenario; returns the consumer's numbers, the incarnations, the consumer's
-    summary and the seed."""
+    summary and the seed. ``queue``: the producer's queue (a `postgresql://` URL), an
+    SQLite file in ``tmp_path`` when empty."""
     seed = kill_seed()
     rng = random.Random(seed)
     plan = kill_plan(rng)
@@ -216,7 +217,8 @@ def run_with_kills(
     if dedup:
         consume += ["--dedup-db", str(tmp_path / "dedup.db")]
     consumer = spawn("consumer", *PROCS, *consume)
-    produce = ["produce", "--db", str(tmp_path / "queue.db"), "--consumer", consumer.ready()]
+    db = queue or str(tmp_path / "queue.db")
+    produce = ["produce", "--db", db, "--consumer", consumer.ready()]
     produce += ["--count", str(COUNT)]
     run = KillRun(spawn, consumer, produce, Tail(log), rng, seed, deadline)
     incarnations: list[Incarnation] = []
@@ -285,6 +287,17 @@ def test_durable_producer_killed_repeatedly_with_dedup_store_exactly_once_in_ord
         f"seed {seed}: no restarted producer resent anything the consumer had processed, "
         "so the store was not exercised"
     )
+
+
+def test_durable_producer_on_postgres_killed_repeatedly_with_dedup_store_exactly_once(
+    spawn: Spawn, tmp_path: Path, postgres_url: str
+) -> None:
+    """The same on a `PostgresDurableQueue`: each restarted producer takes the producer id
+    over at once (the killed one's session, and its advisory lock, end with it), loads
+    every message reported stored, and the consumer sees 1..COUNT exactly once, in order."""
+    numbers, incarnations, _, seed = run_with_kills(spawn, tmp_path, dedup=True, queue=postgres_url)
+    check_producers(incarnations, numbers, seed)
+    assert numbers == list(range(1, COUNT + 1)), f"seed {seed}: not 1..{COUNT} exactly once"
 
 
 def test_durable_producer_killed_repeatedly_without_dedup_store_at_least_once_in_order(

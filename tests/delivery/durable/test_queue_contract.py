@@ -1,9 +1,10 @@
 """The `DurableProducerQueue` contract (module docstring of durable_queue.py), held against
-every implementation: `MemoryDurableQueue` and `SqliteDurableQueue`.
+every implementation: `MemoryDurableQueue`, `SqliteDurableQueue` and `PostgresDurableQueue`
+(on the throwaway server of tests/postgres.py, a fresh database per test).
 
 Each test gets a `Stores` that opens a queue and "restarts" it: the memory queue is built
 again from the previous one's state (as Akka's tests keep TestDurableProducerQueue's state
-in an AtomicReference), the SQLite queue is closed and its file opened again.
+in an AtomicReference), the SQLite and PostgreSQL queues are closed and their database opened again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
+from pykka_delivery.delivery.stores.durable_postgres import PostgresDurableQueue
 from pykka_delivery.delivery.stores.durable_queue import (
     NO_QUALIFIER,
     DurableProducerQueue,
@@ -29,15 +31,18 @@ from pykka_delivery.protocol.messages import ChunkedMessage
 class Stores:
     """Opens queues of one kind, and restarts them."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str = "") -> None:
         self.kind = kind
         self.path = tmp_path / "queues.db"
+        self.url = url
         self._opened: list[Any] = []
 
     def open(self, producer_id: str = "producer-1") -> Any:
         queue: Any
         if self.kind == "memory":
             queue = MemoryDurableQueue()
+        elif self.kind == "postgres":
+            queue = PostgresDurableQueue(self.url, producer_id)
         else:
             queue = SqliteDurableQueue(self.path, producer_id)
         self._opened.append(queue)
@@ -49,6 +54,8 @@ class Stores:
         again: Any
         if self.kind == "memory":
             again = MemoryDurableQueue(queue.state)
+        elif self.kind == "postgres":
+            again = PostgresDurableQueue(self.url, queue.producer_id)
         else:
             again = SqliteDurableQueue(self.path, queue.producer_id)
         self._opened.append(again)
@@ -59,9 +66,10 @@ class Stores:
             queue.close()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    made = Stores(request.param, tmp_path)
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
+    made = Stores(request.param, tmp_path, url)
     try:
         yield made
     finally:
