@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pykka_delivery.delivery import (
     CONFIRMED,
+    AlreadyApplied,
     AsyncConsumer,
     AsyncProducer,
     Confirmed,
@@ -34,6 +35,7 @@ from pykka_delivery.delivery import (
     SqliteDeadLetters,
     SqliteDedupStore,
     SqliteDurableQueue,
+    SqliteTxDedupStore,
     WorkPullingProducer,
     WorkPullingProducerController,
     WorkPullingSettings,
@@ -49,6 +51,7 @@ from pykka_delivery.transport.local import LossyRef
 
 __all__ = [
     "CONFIRMED",
+    "AlreadyApplied",
     "AsyncConsumer",
     "AsyncProducer",
     "ClosedError",
@@ -78,6 +81,7 @@ __all__ = [
     "SqliteDeadLetters",
     "SqliteDedupStore",
     "SqliteDurableQueue",
+    "SqliteTxDedupStore",
     "WorkPullingProducer",
     "WorkPullingProducerController",
     "WorkPullingSettings",

@@ -145,19 +145,22 @@ def create_versioned(
     version: int,
     what: str,
     refuse: Callable[[str], Exception],
+    versions_table: str = "schema_version",
 ) -> None:
     """In ``conn``'s open transaction: refuse a file whose ``component`` has a newer
     schema version than ``version`` (raising ``refuse(message)``, the message naming
     ``what``: the store and its file), create the tables of
     ``schema`` and record the version. Several components may share one file (the
-    ``schema_version`` table has a row each). Statement by statement: ``executescript``
-    would commit the open transaction."""
+    ``versions_table``, created by ``schema``, has a row each; a store living in the
+    application's own database names a prefixed one). Statement by statement:
+    ``executescript`` would commit the open transaction."""
     has_versions = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (versions_table,)
     ).fetchone()
     if has_versions:
         row = conn.execute(
-            "SELECT version FROM schema_version WHERE component = ?", (component,)
+            f"SELECT version FROM {versions_table} WHERE component = ?",
+            (component,),
         ).fetchone()
         if row is not None and row[0] > version:
             raise refuse(newer_schema_message(what, row[0], version))
@@ -165,7 +168,7 @@ def create_versioned(
         if statement.strip():
             conn.execute(statement)
     conn.execute(
-        "INSERT OR IGNORE INTO schema_version (component, version) VALUES (?, ?)",
+        f"INSERT OR IGNORE INTO {versions_table} (component, version) VALUES (?, ?)",
         (component, version),
     )
 
@@ -178,13 +181,20 @@ def prepare_versioned(
     version: int,
     what: str,
     refuse: Callable[[str], Exception],
+    versions_table: str = "schema_version",
 ) -> None:
     """`create_versioned` in a transaction of its own (``BEGIN IMMEDIATE``): processes
     opening a new file together do not both create the tables."""
     with conn:
         conn.execute("BEGIN IMMEDIATE")
         create_versioned(
-            conn, schema, component=component, version=version, what=what, refuse=refuse
+            conn,
+            schema,
+            component=component,
+            version=version,
+            what=what,
+            refuse=refuse,
+            versions_table=versions_table,
         )
 
 

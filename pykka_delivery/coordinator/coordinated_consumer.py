@@ -64,6 +64,7 @@ from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
+from pykka_delivery.delivery.stores.dedup_tx import transactional
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
 from pykka_delivery.protocol.messages import Ref
@@ -134,7 +135,8 @@ class CoordinatedConsumer:
             that activation ends, before the step-down is answered, so the group's next
             consumer (in this process or another) can open it. None: no deduplication.
             A store that fails to open makes `receive` raise its error (the next
-            `receive` tries again).
+            `receive` tries again). With a `TxDedupStore` (``lambda:
+            SqliteTxDedupStore(db, consumer_id)``), apply each effect in `transaction`.
         on_activated: called with the new `ActivationInterval` when an activation
             starts (its `Consumer` is created, in `receive`, on the consuming thread).
         on_deactivated: called with the ended `ActivationInterval` when it stops, on
@@ -317,6 +319,21 @@ class CoordinatedConsumer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def transaction(self, conn: Any, delivery: Delivery) -> contextlib.AbstractContextManager[Any]:
+        """``with coordinated.transaction(conn, delivery): apply(conn)``: the effect and
+        ``delivery``'s position commit together in the current activation's store, which
+        ``dedup_store`` must make transactional (`SqliteTxDedupStore`). Confirm after.
+
+        Raises:
+            TypeError: no transactional store (none given, or not consuming now).
+        """
+        return transactional(self._dedup, "CoordinatedConsumer").transaction(conn, delivery)
+
+    @property
+    def active_dedup_store(self) -> DedupStore | None:
+        """The current activation's deduplication store, None while not consuming."""
+        return self._dedup
 
     @property
     def is_consuming(self) -> bool:

@@ -58,6 +58,12 @@ from pykka_delivery.delivery.stores.dedup import (
     SqliteDedupSettings,
     SqliteDedupStore,
 )
+from pykka_delivery.delivery.stores.dedup_tx import (
+    AlreadyApplied,
+    SqliteTxDedupSettings,
+    SqliteTxDedupStore,
+    TxDedupStore,
+)
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
 from pykka_delivery.delivery.stores.durable_queue import (
     NO_QUALIFIER,
@@ -82,6 +88,7 @@ __all__ = [
     "CONFIRMED",
     "NO_QUALIFIER",
     "Ack",
+    "AlreadyApplied",
     "AsyncConsumer",
     "AsyncProducer",
     "ChunkedMessage",
@@ -134,7 +141,10 @@ __all__ = [
     "SqliteDedupStore",
     "SqliteDurableQueue",
     "SqliteQueueSettings",
+    "SqliteTxDedupSettings",
+    "SqliteTxDedupStore",
     "TimerService",
+    "TxDedupStore",
     "WorkPullingProducer",
     "WorkPullingProducerController",
     "WorkPullingSettings",

@@ -44,7 +44,10 @@ Theory of operation:
   confirmation, and closes the store before it answers a step-down, so the next member
   opens it. One consumer id per (group, partition), not per group: a store holds its
   consumer id against every other opener (docs/durable.md), and a member may hold
-  several partitions while other members hold the rest.
+  several partitions while other members hold the rest. With a transactional store
+  (``dedup_store=lambda p: SqliteTxDedupStore(db, producer_id(stream, p, group))``) the
+  handler applies its effect in ``delivery.transaction(conn)``, so the effect and the
+  position commit together: exactly once even when a member is killed mid-flow.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from pykka_delivery.coordinator.coordinated_consumer import (
 )
 from pykka_delivery.coordinator.state import SIMPLE
 from pykka_delivery.delivery.messages import Delivery
+from pykka_delivery.delivery.stores.dedup_tx import AlreadyApplied
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
 from pykka_delivery.partitions._member_parts import (
@@ -130,7 +134,8 @@ class GroupMember:
         dedup_store: turns on deduplication across hand-overs: the path of an SQLite
             file shared by the group's members (a `SqliteDedupStore` is opened per
             activation, consumer id ``producer_id(stream, p, group)``), or a function from
-            a partition to a new store for one activation (closed when it ends). None:
+            a partition to a new store for one activation (closed when it ends); a
+            `SqliteTxDedupStore` for exactly-once effect (`GroupDelivery.transaction`). None:
             none; a partition handed over after its Ack was lost, or taken from a killed
             member, may deliver again what was handled.
         serialization: reads the messages (inside their `KeyedMessage`); default
@@ -540,6 +545,7 @@ class GroupMember:
         """Call the handler until it returns, then confirm; False if this member closed
         meanwhile (the delivery stays unconfirmed)."""
         delay = self.settings.retry_backoff_min
+        store = self._consumers[partition].active_dedup_store
         while True:
             try:
                 key, message = unwrap(delivery.message, self._serialization)
@@ -552,8 +558,11 @@ class GroupMember:
                         message,
                         delivery.producer_id,
                         delivery.seq_nr,
+                        store,
                     )
                 )
+                break
+            except AlreadyApplied:  # from record_in: applied before, so it is handled
                 break
             except Exception:
                 with self._lock:

@@ -5,8 +5,9 @@ classes they belong to (``producer``, ``group``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pykka_delivery._fields import check_field_types
@@ -16,6 +17,7 @@ from pykka_delivery.delivery.core.settings import (
     ProducerControllerSettings,
 )
 from pykka_delivery.delivery.stores.dedup import SqliteDedupSettings
+from pykka_delivery.delivery.stores.dedup_tx import transactional
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteQueueSettings
 from pykka_delivery.partitions.envelope import Key
 
@@ -88,6 +90,8 @@ class GroupDelivery:
         producer_id: the stream of (group, partition) it belongs to,
             ``producer_id(stream, partition, group)``.
         seq_nr: its number in that stream (consecutive, from 1).
+        dedup_store: the partition's deduplication store in this activation (the
+            member's ``dedup_store``), None without one.
     """
 
     stream: str
@@ -97,6 +101,20 @@ class GroupDelivery:
     message: Any
     producer_id: str
     seq_nr: int
+    dedup_store: Any = field(default=None, compare=False, repr=False)
+
+    def transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """``with delivery.transaction(conn): apply(conn, delivery.message)``: the effect
+        and the partition's position commit together on the application's connection, so
+        the handler's effect is applied exactly once across crashes and hand-overs (the
+        member's ``dedup_store`` must make `SqliteTxDedupStore`\\ s or other
+        `TxDedupStore`\\ s). A message applied before is rolled back and the block ends
+        normally; the member confirms it when the handler returns.
+
+        Raises:
+            TypeError: the member has no transactional deduplication store.
+        """
+        return transactional(self.dedup_store, "GroupDelivery").transaction(conn, self)
 
 
 @dataclass(frozen=True, slots=True)

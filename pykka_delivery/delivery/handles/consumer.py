@@ -10,6 +10,7 @@ is therefore consumed with no thread hop per message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from pykka_delivery.delivery.session.consumer import (
 )
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterDestination
 from pykka_delivery.delivery.stores.dedup import DedupStore
+from pykka_delivery.delivery.stores.dedup_tx import transactional
 from pykka_delivery.delivery.timers import Timers, TimerService
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.protocol.messages import Ref
@@ -118,7 +120,8 @@ class Consumer:
             before every Request/Ack and on `close`. The caller owns the store (closes it
             after this handle). If the store keeps failing, the call that met the failure
             raises `DedupStoreError` and the handle closes itself (later calls raise
-            `ClosedError`); nothing unflushed is confirmed to the producer side.
+            `ClosedError`); nothing unflushed is confirmed to the producer side. A
+            `SqliteTxDedupStore` makes the effect exactly once: apply it in `transaction`.
         dead_letters: where a message goes once it was rejected
             (``delivery.reject(reason)``) ``settings.max_attempts`` times: a
             `DeadLetterDestination`, or the path of an SQLite file for a
@@ -184,6 +187,7 @@ class Consumer:
             on_end=self._arrived.notify_all,  # called with the lock held
         )
         confirm_to._session = self._session
+        self._dedup_store = dedup_store
         with self._lock:
             self._session.start()
         _observed.observe(_observed.CONSUMER, self)
@@ -274,6 +278,18 @@ class Consumer:
                 except ClosedError:
                     return
             yield delivery
+
+    def transaction(self, conn: Any, delivery: Delivery) -> contextlib.AbstractContextManager[Any]:
+        """``with consumer.transaction(conn, delivery): apply(conn, delivery.message)``:
+        the effect and ``delivery``'s position commit together on the application's
+        connection, for exactly-once effect (`TxDedupStore.transaction`; the handle's
+        ``dedup_store`` must be a `SqliteTxDedupStore` or another `TxDedupStore`).
+        Confirm the delivery after the block.
+
+        Raises:
+            TypeError: the handle has no transactional deduplication store.
+        """
+        return transactional(self._dedup_store, "Consumer").transaction(conn, delivery)
 
     def deliver_then_stop(self) -> None:
         """Stop once every message received so far is delivered and confirmed; iteration

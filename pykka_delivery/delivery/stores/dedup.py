@@ -22,7 +22,9 @@ What it guarantees, and what not:
   `Request`/`Ack`) are lost, and those messages are delivered again, unless
   ``SqliteDedupSettings.flush_every`` is 1 (each confirmation its own commit). A message
   processed but not confirmed when the process died is always delivered again: to make
-  its effect and its confirmation one, the application must store both in one transaction.
+  its effect and its confirmation one, the application must store both in one transaction:
+  `SqliteTxDedupStore` (dedup_tx.py) keeps the positions in the application's database for
+  that.
 
 Contract of every implementation (tests/delivery/stores/test_dedup.py holds both to it):
 

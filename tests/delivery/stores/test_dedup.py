@@ -8,7 +8,9 @@ the first marked first, from a new ref. The accounting follows seed 002's broker
 delivered, same -> duplicate, gap -> reported and delivered).
 
 1. The pure core (tests/harness.py): duplicates, gaps, sequence restarts, recording.
-2. The store contract, for `MemoryDedupStore` and `SqliteDedupStore` alike.
+2. The store contract, for `MemoryDedupStore`, `SqliteDedupStore`, `SqliteTxDedupStore`
+   and `PostgresTxDedupStore` alike (test_dedup_tx*.py: what only the transactional ones
+   do).
 3. SQLite only: many consumers per file, one writer per consumer id, bad files, fsync
    policies, write-through, a writer killed with SIGKILL.
 4. The shells (in process): the `Consumer` handle, the `ConsumerController` actor and the
@@ -50,6 +52,8 @@ from pykka_delivery.delivery.stores.dedup import (
     SqliteDedupSettings,
     SqliteDedupStore,
 )
+from pykka_delivery.delivery.stores.dedup_tx import SqliteTxDedupStore
+from pykka_delivery.delivery.stores.dedup_tx_postgres import PostgresTxDedupStore
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
 from pykka_delivery.delivery.stores.durable_queue import (
     NO_QUALIFIER,
@@ -363,14 +367,20 @@ def test_without_a_store_the_same_restart_delivers_the_resent_messages_twice() -
 class Stores:
     """Opens a store of one kind, and the same store again after it was closed."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str = "") -> None:
         self.kind = kind
         self.path = tmp_path / "dedup.db"
+        self.url = url
         self._memory: dict[str, int] = {}
 
     def open(self) -> DedupStore:
         if self.kind == "memory":
             return MemoryDedupStore(self._memory)
+        # The transactional ones: positions the application did not record itself.
+        if self.kind == "sqlite-tx":
+            return SqliteTxDedupStore(self.path, "consumer-1")
+        if self.kind == "postgres-tx":
+            return PostgresTxDedupStore(self.url, "consumer-1")
         return SqliteDedupStore(self.path, "consumer-1")
 
     def reopen(self, store: DedupStore) -> DedupStore:
@@ -380,9 +390,10 @@ class Stores:
         return self.open()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-tx", "postgres-tx"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
-    return Stores(request.param, tmp_path)
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres-tx" else ""
+    return Stores(request.param, tmp_path, url)
 
 
 def test_store_starts_empty(stores: Stores) -> None:
