@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from pykka_delivery import _postgres
 from pykka_delivery.delivery.stores import durable_postgres_sql as sql
-from pykka_delivery.delivery.stores.durable_memory import check_batch, confirm_applies
+from pykka_delivery.delivery.stores.durable_memory import check_batch
 from pykka_delivery.delivery.stores.durable_postgres_sql import (
     LOCK_NAMESPACE,
     SCHEMA,
@@ -40,7 +40,12 @@ from pykka_delivery.delivery.stores.durable_queue import (
     DurableQueueError,
     MessageSent,
 )
-from pykka_delivery.delivery.stores.durable_rows import COLUMNS, decode_row, encode_row
+from pykka_delivery.delivery.stores.durable_rows import (
+    COLUMNS,
+    ConfirmBuffer,
+    decode_row,
+    encode_row,
+)
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
 __all__ = ["PostgresDurableQueue", "PostgresQueueSettings"]
@@ -48,7 +53,7 @@ __all__ = ["PostgresDurableQueue", "PostgresQueueSettings"]
 _LOCK_POLL_SECONDS = 0.05
 
 
-class PostgresDurableQueue:
+class PostgresDurableQueue(ConfirmBuffer):
     """A `DurableProducerQueue` in a PostgreSQL database (tables created if missing).
 
     Args:
@@ -80,7 +85,9 @@ class PostgresDurableQueue:
         if not isinstance(producer_id, str) or not producer_id:
             msg = f"producer_id must be a non-empty str, got {producer_id!r}"
             raise ValueError(msg)
-        self.settings = settings if settings is not None else PostgresQueueSettings()
+        self.settings: PostgresQueueSettings = (
+            settings if settings is not None else PostgresQueueSettings()
+        )
         self.producer_id = producer_id
         self._serialization = serialization or default_serialization
         self._lock = threading.Lock()
@@ -204,33 +211,6 @@ class PostgresDurableQueue:
             self._current_seq_nr = next_seq_nr
             if taken:
                 del self.claims[: len(taken)]
-
-    def store_message_confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> None:
-        """Confirm up to ``seq_nr`` for ``qualifier`` (written behind, see
-        `PostgresQueueSettings.confirm_flush_every`); not above the qualifier's confirmed
-        seq_nr changes nothing.
-
-        Raises:
-            DurableQueueError: the confirmations could not be written (they stay buffered).
-        """
-        with self._lock:
-            self._connection()
-            if not confirm_applies(self._confirmed, seq_nr, qualifier, timestamp_millis):
-                return
-            self._confirmed[qualifier] = self._pending[qualifier] = (seq_nr, timestamp_millis)
-            self._pending_count += 1
-            if self._pending_count >= self.settings.confirm_flush_every:
-                self._flush_pending()
-
-    def flush(self) -> None:
-        """Write the buffered confirmations now.
-
-        Raises:
-            DurableQueueError: PostgreSQL failed; they stay buffered.
-        """
-        with self._lock:
-            self._connection()
-            self._flush_pending()
 
     def close(self) -> None:
         """Write the buffered confirmations, release the producer id and the connection

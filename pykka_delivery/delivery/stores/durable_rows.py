@@ -1,6 +1,6 @@
 """How the SQL durable producer queues (SQLite, PostgreSQL) write a `MessageSent` as a row
-and read it back, and which rows a crash between two chunks leaves to drop: one rule for
-both stores.
+and read it back, which rows a crash between two chunks leaves to drop, and how they buffer
+confirmations (`ConfirmBuffer`): one rule for both stores.
 
 A row is ``(producer_id, seq_nr, qualifier, ack, timestamp_millis, chunked, first_chunk,
 last_chunk, serializer_id, manifest, data)``, flags as 0/1. A payload is written with the
@@ -9,9 +9,11 @@ queue's `Serialization`; a `ChunkedMessage` keeps its own bytes, serializer and 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
+from pykka_delivery.delivery.stores.durable_memory import confirm_applies
 from pykka_delivery.delivery.stores.durable_queue import (
     DurableProducerState,
     DurableQueueError,
@@ -20,7 +22,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
 from pykka_delivery.protocol.messages import ChunkedMessage
 from pykka_delivery.protocol.serialization import Serialization, SerializationError
 
-__all__ = ["COLUMNS", "decode_row", "encode_row", "partial_chunk_drops"]
+__all__ = ["COLUMNS", "ConfirmBuffer", "decode_row", "encode_row", "partial_chunk_drops"]
 
 COLUMNS = (
     "seq_nr, qualifier, ack, timestamp_millis, chunked, first_chunk, last_chunk,"
@@ -112,3 +114,55 @@ def partial_chunk_drops(
     cleaned = state.cleanup_partial_chunked_messages()
     kept = {m.seq_nr for m in cleaned.unconfirmed}
     return [m.seq_nr for m in skeleton if m.seq_nr not in kept], cleaned.current_seq_nr
+
+
+class _FlushSettings(Protocol):
+    @property
+    def confirm_flush_every(self) -> int: ...
+
+
+class ConfirmBuffer:
+    """Write-behind confirmations, as both SQL queues keep them: each is buffered (the
+    newest per qualifier) and the buffer is written every ``confirm_flush_every`` of them,
+    on `flush`, and by the queue with its next store. The queue gives the state below and
+    `_connection` (raises if it is closed) and `_flush_pending` (writes the buffer)."""
+
+    settings: _FlushSettings
+    _lock: threading.Lock
+    _confirmed: dict[str, tuple[int, int]]
+    _pending: dict[str, tuple[int, int]]
+    _pending_count: int
+
+    def _connection(self) -> Any:
+        raise NotImplementedError
+
+    def _flush_pending(self) -> None:
+        raise NotImplementedError
+
+    def store_message_confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> None:
+        """Confirm up to ``seq_nr`` for ``qualifier`` (written behind, see the queue's
+        settings, ``confirm_flush_every``). A seq_nr not above the one confirmed for
+        ``qualifier`` changes nothing.
+
+        Raises:
+            DurableQueueError: the confirmations could not be written (they stay buffered
+                and are written with the next store or flush).
+        """
+        with self._lock:
+            self._connection()
+            if not confirm_applies(self._confirmed, seq_nr, qualifier, timestamp_millis):
+                return
+            self._confirmed[qualifier] = self._pending[qualifier] = (seq_nr, timestamp_millis)
+            self._pending_count += 1
+            if self._pending_count >= self.settings.confirm_flush_every:
+                self._flush_pending()
+
+    def flush(self) -> None:
+        """Write the buffered confirmations now.
+
+        Raises:
+            DurableQueueError: the database failed; they stay buffered.
+        """
+        with self._lock:
+            self._connection()
+            self._flush_pending()

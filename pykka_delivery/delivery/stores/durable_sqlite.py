@@ -38,13 +38,14 @@ from typing import NoReturn
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
-from pykka_delivery.delivery.stores.durable_memory import check_batch, confirm_applies
+from pykka_delivery.delivery.stores.durable_memory import check_batch
 from pykka_delivery.delivery.stores.durable_queue import (
     DurableProducerState,
     DurableQueueError,
     MessageSent,
 )
 from pykka_delivery.delivery.stores.durable_rows import (
+    ConfirmBuffer,
     decode_row,
     encode_row,
     partial_chunk_drops,
@@ -149,7 +150,7 @@ def _check_int(name: str, value: int, low: int, high: int) -> None:
         raise ValueError(msg)
 
 
-class SqliteDurableQueue:
+class SqliteDurableQueue(ConfirmBuffer):
     """A `DurableProducerQueue` in an SQLite file (created if missing), in WAL mode.
 
     Args:
@@ -184,7 +185,9 @@ class SqliteDurableQueue:
         if not isinstance(producer_id, str) or not producer_id:
             msg = f"producer_id must be a non-empty str, got {producer_id!r}"
             raise ValueError(msg)
-        self.settings = settings if settings is not None else SqliteQueueSettings()
+        self.settings: SqliteQueueSettings = (
+            settings if settings is not None else SqliteQueueSettings()
+        )
         self.path = path if path == _sqlite.MEMORY else Path(path)
         self.producer_id = producer_id
         self._serialization = serialization or default_serialization
@@ -292,34 +295,6 @@ class SqliteDurableQueue:
                 )
             self._after_commit()
             self._current_seq_nr = next_seq_nr
-
-    def store_message_confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> None:
-        """Confirm up to ``seq_nr`` for ``qualifier`` (written behind, see
-        `SqliteQueueSettings.confirm_flush_every`). A seq_nr not above the one confirmed
-        for ``qualifier`` changes nothing.
-
-        Raises:
-            DurableQueueError: the confirmations could not be written (they stay buffered
-                and are written with the next store or flush).
-        """
-        with self._lock:
-            self._connection()
-            if not confirm_applies(self._confirmed, seq_nr, qualifier, timestamp_millis):
-                return
-            self._confirmed[qualifier] = self._pending[qualifier] = (seq_nr, timestamp_millis)
-            self._pending_count += 1
-            if self._pending_count >= self.settings.confirm_flush_every:
-                self._flush_pending()
-
-    def flush(self) -> None:
-        """Write the buffered confirmations now.
-
-        Raises:
-            DurableQueueError: SQLite failed; they stay buffered.
-        """
-        with self._lock:
-            self._connection()
-            self._flush_pending()
 
     def close(self) -> None:
         """Write the buffered confirmations, close the file and release the producer id.
