@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -116,14 +117,15 @@ class PositionReports:
                 self._scheduled = True
 
 
-class LagClient:
+class LagClient(ABC):
     """The lag methods of `CoordinatorClient` (its base class: they are documented and
     called as the client's own)."""
 
     _reports: PositionReports
 
+    @abstractmethod
     def _query(self, what: str, rpc: str, request: Any, timeout: float | None) -> Any:
-        raise NotImplementedError  # CoordinatorClient's
+        """CoordinatorClient's unary query (see there)."""
 
     def report_positions(self, positions: Iterable[Position]) -> None:
         """Report ``positions`` (`ProducerPosition`, `ConsumerPosition`) to the

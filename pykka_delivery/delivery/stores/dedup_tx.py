@@ -38,6 +38,7 @@ import logging
 import os
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ class Positioned(Protocol):
     def seq_nr(self) -> int: ...
 
 
-class TxDedupStore:
+class TxDedupStore(ABC):
     """A `DedupStore` whose positions live in the application's database (module
     docstring). Subclasses supply the database's dialect: `SqliteTxDedupStore`, and
     ``PostgresTxDedupStore`` (dedup_tx_postgres.py, the ``[postgres]`` extra).
@@ -220,30 +221,34 @@ class TxDedupStore:
 
     # --- the dialect -----------------------------------------------------------------------
 
+    @abstractmethod
     def _begin(self, conn: Any) -> None:
-        raise NotImplementedError
+        """Begin a transaction on the application's ``conn``."""
 
+    @abstractmethod
     def _commit(self, conn: Any) -> None:
-        raise NotImplementedError
+        """Commit ``conn``'s transaction."""
 
+    @abstractmethod
     def _rollback(self, conn: Any) -> None:
-        raise NotImplementedError
+        """Roll ``conn``'s transaction back."""
 
+    @abstractmethod
     def _write_rising(self, conn: Any, producer_id: str, seq_nr: int) -> bool:
         """In ``conn``'s transaction: set the position if ``seq_nr`` is above it; False
         if it is not."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _select(self) -> dict[str, int]:
         """The positions, read on the store's own connection."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _write_own(self, producer_id: str, seq_nr: int) -> None:
         """Set the position in a transaction of the store's own (rising; 0 forgets it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _close_own(self) -> None:
-        raise NotImplementedError
+        """Close the store's own connection."""
 
 
 # --- SQLite --------------------------------------------------------------------------------

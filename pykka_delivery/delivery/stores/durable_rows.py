@@ -10,6 +10,7 @@ queue's `Serialization`; a `ChunkedMessage` keeps its own bytes, serializer and 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -121,7 +122,7 @@ class _FlushSettings(Protocol):
     def confirm_flush_every(self) -> int: ...
 
 
-class ConfirmBuffer:
+class ConfirmBuffer(ABC):
     """Write-behind confirmations, as both SQL queues keep them: each is buffered (the
     newest per qualifier) and the buffer is written every ``confirm_flush_every`` of them,
     on `flush`, and by the queue with its next store. The queue gives the state below and
@@ -133,11 +134,13 @@ class ConfirmBuffer:
     _pending: dict[str, tuple[int, int]]
     _pending_count: int
 
+    @abstractmethod
     def _connection(self) -> Any:
-        raise NotImplementedError
+        """The queue's connection; raises if the queue is closed."""
 
+    @abstractmethod
     def _flush_pending(self) -> None:
-        raise NotImplementedError
+        """Write the buffered confirmations."""
 
     def store_message_confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> None:
         """Confirm up to ``seq_nr`` for ``qualifier`` (written behind, see the queue's
