@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pykka_delivery.protocol.messages import Ref, fast_frozen_init, frozen_factory, local_only
+from pykka_delivery.protocol.payload_check import PayloadCheck
 
 __all__ = [
     "CONFIRMED",
@@ -71,18 +72,27 @@ class RequestNext:
 @local_only
 @dataclass(frozen=True, slots=True)
 class MessageWithConfirmation:
-    """Send ``message`` and have its seq_nr told to ``reply_to`` once it is confirmed."""
+    """Send ``message`` and have its seq_nr told to ``reply_to`` once it is confirmed.
+
+    ``checked`` is set by the controller's ``ask_next_to`` (the payload check it applied in
+    the producer's thread, so the controller does not encode the payload again); leave it
+    None.
+    """
 
     message: Any
     reply_to: Ref
+    checked: PayloadCheck | None = field(default=None, compare=False, repr=False, kw_only=True)
 
 
 @local_only
 @dataclass(frozen=True, slots=True)
 class SendNext:
-    """What ``RequestNext.send_next_to`` wraps a producer's message in (Akka's ``Msg``)."""
+    """What ``RequestNext.send_next_to`` wraps a producer's message in (Akka's ``Msg``),
+    with the payload check it applied in the producer's thread (``checked``: the controller
+    does not encode the payload again while that check is in force)."""
 
     message: Any
+    checked: PayloadCheck | None = field(default=None, compare=False, repr=False, kw_only=True)
 
 
 # --- consumer-facing messages ----------------------------------------------------------

@@ -14,12 +14,27 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pykka
 import pytest
 
-from pykka_delivery import Consumer, Producer
+from pykka_delivery import (
+    Consumer,
+    ConsumerController,
+    Delivery,
+    MessageWithConfirmation,
+    Producer,
+    ProducerController,
+    ProducerControllerSettings,
+    RegisterToProducerController,
+    WorkPullingProducerController,
+    WorkPullingSettings,
+)
+from pykka_delivery.delivery.registry import LocalServiceRegistry
 from pykka_delivery.protocol import Serialization
 from pykka_delivery.transport import Node
-from tests.transport.test_unserializable import arrivals, eventually
+from tests.transport.test_unserializable import _Inbox, actors, arrivals, eventually
+
+__all__ = ["actors"]
 
 WAIT = 10.0
 
@@ -164,3 +179,70 @@ def test_a_payload_for_a_consumer_on_the_same_node_is_never_written(
     assert serialization.check_memo_count == 0
     producer.close()
     consumer.close()
+
+
+def test_the_actors_send_next_to_and_ask_next_to_write_each_payload_once(
+    start: Start, actors: list[pykka.ActorRef[Any]]
+) -> None:
+    # The adapter checks the payload in the producer's thread; the controller must not
+    # check (encode) it again in its own.
+    serializer = BoxSerializer()
+    (a, serialization), (b, _) = start(serializer), start(BoxSerializer())
+    requests: list[Any] = []
+    deliveries: list[Any] = []
+    producer, consumer = _Inbox.start(requests), _Inbox.start(deliveries)
+    pc = ProducerController.start(
+        "orders", self_ref_factory=a.expose("orders"), serialization=serialization
+    )
+    cc = ConsumerController.start(self_ref_factory=b.expose("c"))
+    actors += [producer, consumer, pc, cc]
+    cc.tell(ConsumerController.Start(consumer))
+    pc.tell(ProducerController.Start(producer))
+    cc.tell(RegisterToProducerController(b.ref(f"{a.address}/orders")))
+
+    eventually(lambda: len(requests) >= 1, "the first RequestNext")
+    requests[0].send_next_to.tell(Box(1))
+    eventually(lambda: len(requests) >= 2, "the second RequestNext")
+    requests[1].ask_next_to.tell(MessageWithConfirmation(Box(2), producer))
+    eventually(lambda: len(deliveries) >= 1, "the first delivery")
+    deliveries[0].confirm()
+    eventually(lambda: len(deliveries) >= 2, "the second delivery")
+
+    got = [m.message.value for m in deliveries if type(m) is Delivery]
+    assert got == [1, 2]
+    resent = pc.proxy().statistics().get(timeout=WAIT).resent
+    assert serializer.writes == 2 + resent
+    assert serialization.check_memo_count == 0
+
+
+def test_the_work_pulling_actors_send_next_to_writes_each_payload_once(
+    start: Start, actors: list[pykka.ActorRef[Any]]
+) -> None:
+    serializer = BoxSerializer()
+    (a, serialization), (b, _) = start(serializer), start(BoxSerializer())
+    registry = LocalServiceRegistry()
+    requests: list[Any] = []
+    producer = _Inbox.start(requests)
+    worker = Consumer(self_ref_factory=b.expose("w"))
+    registry.register("jobs", a.ref(f"{b.address}/w"))
+    # No first-message resend within the test: the work-pulling stats do not count them.
+    no_resend = ProducerControllerSettings(resend_first_interval=60.0)
+    wppc = WorkPullingProducerController.start(
+        "jobs-producer",
+        "jobs",
+        WorkPullingSettings(producer_controller_settings=no_resend),
+        registry=registry,
+        worker_ref_factory=lambda ref, worker_id: a.register(f"jobs-{worker_id}", ref),
+    )
+    actors += [producer, wppc]
+    wppc.tell(WorkPullingProducerController.Start(producer))
+
+    eventually(lambda: len(requests) >= 1, "a RequestNext")
+    requests[0].send_next_to.tell(Box(1))
+
+    delivery = worker.receive(timeout=WAIT)
+    assert delivery.message.value == 1
+    delivery.confirm()
+    assert serializer.writes == 1
+    assert serialization.check_memo_count == 0
+    worker.close()

@@ -38,6 +38,7 @@ from pykka_delivery.delivery.session.producer import BaseProducerSession
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import Ref
+from pykka_delivery.protocol.payload_check import PayloadCheck
 
 __all__ = [
     "AskNextAdapter",
@@ -70,12 +71,16 @@ class _CheckingAdapter:
         self._ref = ref
         self.gate: PayloadGate | None = None
 
-    def _check(self, payload: object) -> None:
+    def _check(self, payload: object) -> PayloadCheck | None:
+        """Refuse ``payload`` if it cannot be encoded; returns the check it passed, which
+        the core then does not apply again (read once: the actor may aim the gate anew)."""
         gate = self.gate
-        if gate is not None:
-            check = gate.check
-            if check is not None and type(payload) is not check.unchecked:
-                gate.refuse((payload,))
+        if gate is None:
+            return None
+        check = gate.check
+        if check is not None and type(payload) is not check.unchecked:
+            return gate.refuse((payload,))
+        return check
 
 
 class SendNextAdapter(_CheckingAdapter):
@@ -93,8 +98,7 @@ class SendNextAdapter(_CheckingAdapter):
         return f"SendNextTo({self._ref!r})"
 
     def tell(self, message: Any) -> None:
-        self._check(message)
-        self._ref.tell(SendNext(message))
+        self._ref.tell(SendNext(message, checked=self._check(message)))
 
 
 class AskNextAdapter(_CheckingAdapter):
@@ -113,7 +117,11 @@ class AskNextAdapter(_CheckingAdapter):
 
     def tell(self, message: Any) -> None:
         if type(message) is MessageWithConfirmation:
-            self._check(message.message)
+            checked = self._check(message.message)
+            if checked is not None:
+                message = MessageWithConfirmation(
+                    message.message, message.reply_to, checked=checked
+                )
         self._ref.tell(message)
 
 

@@ -230,8 +230,8 @@ class ProducerCore(ProducerControl):
         # numbering passes it), so that the fast path checks two numbers, not five flags.
         self._fast_up_to = 0
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
-            SendNext: lambda m: self.on_msg(m.message),
-            MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to),
+            SendNext: lambda m: self.on_msg(m.message, None, m.checked),
+            MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to, m.checked),
             Request: self.on_request,
             Ack: lambda m: self.on_ack(m.confirmed_seq_nr),
             Resend: lambda m: self.on_resend(m.from_seq_nr),
@@ -297,8 +297,12 @@ class ProducerCore(ProducerControl):
             raise LocalProtocolError(cannot_handle_message(self, message))
         return handler(message)
 
-    def on_msg(self, message: object, reply_to: Ref | None = None) -> list[Effect]:
-        """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`).
+    def on_msg(
+        self, message: object, reply_to: Ref | None = None, checked: PayloadCheck | None = None
+    ) -> list[Effect]:
+        """The producer sends one message (``reply_to`` given: `MessageWithConfirmation`);
+        its payload is checked unless ``checked`` is the check in force (the actors'
+        ``send_next_to`` applied it in the producer's thread).
 
         Raises:
             LocalProtocolError: there is no demand (no `RequestNext` outstanding).
@@ -309,7 +313,7 @@ class ProducerCore(ProducerControl):
             self._counts.rejected += 1
             raise LocalProtocolError(no_demand_message(self, active=self.phase is _ACTIVE))
         check = self._check
-        if check is not None and type(message) is not check.unchecked:
+        if check is not None and check is not checked and type(message) is not check.unchecked:
             self.gate.refuse_one(message)
         current = self.current_seq_nr
         ack = reply_to is not None

@@ -175,8 +175,8 @@ class WorkPullingCore(WorkPullingWorkers):
         if durable_state is not None:
             self._load(durable_state)
         self._handlers: dict[type, Callable[[Any], list[Effect]]] = {
-            SendNext: lambda m: self.on_msg(m.message),
-            MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to),
+            SendNext: lambda m: self.on_msg(m.message, None, m.checked),
+            MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to, m.checked),
             WorkerMessage: lambda m: self.on_worker_message(m.worker_id, m.message),
             CurrentWorkers: lambda m: self.on_current_workers(m.workers),
             ProducerStart: lambda m: self.on_start(m.producer),

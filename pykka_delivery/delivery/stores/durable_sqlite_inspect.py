@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from pykka_delivery import _sqlite
 from pykka_delivery.delivery.stores.durable_queue import DurableQueueError
-from pykka_delivery.delivery.stores.durable_sqlite import SCHEMA_COMPONENT
+from pykka_delivery.delivery.stores.durable_sqlite import SCHEMA_COMPONENT, SCHEMA_VERSION
 
 __all__ = ["QueuedProducer", "inspect_sqlite_queue"]
 
@@ -62,8 +62,9 @@ def inspect_sqlite_queue(path: str | os.PathLike[str]) -> tuple[QueuedProducer, 
     """Every producer id's queue in the `SqliteDurableQueue` file ``path``, by id.
 
     Raises:
-        DurableQueueError: the file is missing, is not an SQLite database, or holds no
-            durable producer queue; the message names the file and what to check.
+        DurableQueueError: the file is missing, is not an SQLite database, holds no
+            durable producer queue, or one of a newer schema; the message names the file
+            and what to check.
     """
     file = Path(path)
     where = f"durable queue {file}"
@@ -88,15 +89,17 @@ def inspect_sqlite_queue(path: str | os.PathLike[str]) -> tuple[QueuedProducer, 
 
 
 def _read(conn: sqlite3.Connection, where: str) -> tuple[QueuedProducer, ...]:
-    has_queue = (
+    version = (
         conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
         ).fetchone()
         and conn.execute(
-            "SELECT 1 FROM schema_version WHERE component = ?", (SCHEMA_COMPONENT,)
+            "SELECT version FROM schema_version WHERE component = ?", (SCHEMA_COMPONENT,)
         ).fetchone()
     )
-    if not has_queue:
+    if version and version[0] > SCHEMA_VERSION:  # its tables may mean something else now
+        raise DurableQueueError(_sqlite.newer_schema_message(where, version[0], SCHEMA_VERSION))
+    if not version:
         msg = (
             f"{where}: an SQLite file without a durable producer queue (no "
             f"{SCHEMA_COMPONENT!r} in its schema_version table): give the file a "

@@ -14,7 +14,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.stores.dedup import DedupStoreError
 from pykka_delivery.delivery.stores.dedup_tx import AlreadyApplied
@@ -24,27 +23,7 @@ from pykka_delivery.delivery.stores.dedup_tx_postgres import (
 )
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.protocol.messages import SequencedMessage
-
-PID = "p-1"
-WAIT = 10.0
-SETTINGS = ConsumerControllerSettings(
-    flow_control_window=20, resend_interval_min=60.0, resend_interval_max=60.0
-)
-
-
-class At:
-    """A delivery's position, as `transaction` reads it."""
-
-    def __init__(self, seq_nr: int, producer_id: str = PID) -> None:
-        self.producer_id, self.seq_nr = producer_id, seq_nr
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-
-    def tell(self, message: Any) -> None:
-        self.messages.append(message)
+from tests.delivery.stores.test_dedup_tx import PID, SETTINGS, WAIT, At, Recording
 
 
 @pytest.fixture
