@@ -56,7 +56,6 @@ class PositionReports:
         self._given: dict[tuple[Any, ...], Position] = {}
         self._sources: list[PositionSource] = []
         self._scheduled = False
-        self.batches_sent = 0
 
     def give(self, positions: Iterable[Position]) -> None:
         """Keep ``positions`` for the next report (any thread; never blocks)."""
@@ -109,7 +108,6 @@ class PositionReports:
                     )
             for message in lag_wire.positions_messages(list(positions.values())):
                 outbox.put_nowait(message)
-            self.batches_sent += bool(positions)
         with self._lock:
             self._scheduled = False
             if (self._sources or self._given) and not self._requests.stopping:
@@ -166,10 +164,10 @@ class LagClient(ABC):
         ``group`` (``""``: the producers no consumer reported for yet).
 
         Raises:
-            ConnectionRejected: wrong token.
+            ConnectionRejected: wrong token; or ``code == "UNIMPLEMENTED"``: a coordinator
+                older than this client, with no lag queries (upgrade it).
             DeliveryTimeout: no answer within ``timeout``.
-            CoordinatorUnavailable: the service failed the query (``UNIMPLEMENTED``: a
-                coordinator older than this client; upgrade it).
+            CoordinatorUnavailable: the service failed the query.
             ClosedError: the client is closed.
             LocalProtocolError: called on the client's thread (from a callback).
         """

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pykka_delivery.coordinator.stream_rules import on_stream
+
 __all__ = [
     "ConsumerPosition",
     "LagInfo",
@@ -192,9 +194,7 @@ def matches(row: LagInfo, namespace: str | None, stream: str | None, group: str 
         return False
     if group is not None and row.group != group:
         return False
-    if stream is None or row.stream == stream:
-        return True
-    return row.partition_index >= 0 and row.stream == f"{stream}-{row.partition_index}"
+    return stream is None or on_stream(row.stream, row.partition_index, stream)
 
 
 class LagTable:

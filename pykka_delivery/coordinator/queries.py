@@ -13,6 +13,7 @@ from pykka_delivery.coordinator.state import (
     CoordinatorState,
     GroupId,
     StreamId,
+    active_of,
 )
 
 __all__ = [
@@ -59,7 +60,7 @@ class GroupInfo:
     def active(self) -> Consumer | None:
         """The consumer that counts as active (active or stepping down, not presumed
         down), if any."""
-        return next((c for c in self.consumers if c.counts_as_active), None)
+        return active_of(self.consumers)
 
     def disconnected_for(self, consumer: Consumer) -> float | None:
         """Seconds ``consumer`` had been disconnected when listed; None if it is not

@@ -32,6 +32,7 @@ __all__ = [
     "Group",
     "GroupId",
     "StreamId",
+    "active_of",
 ]
 
 SIMPLE = -1
@@ -152,6 +153,12 @@ class Consumer:
         )
 
 
+def active_of(consumers: tuple[Consumer, ...]) -> Consumer | None:
+    """The first of a group's ``consumers`` that counts as active (CA, CD or DA), if any:
+    `Group.active`, and `queries.GroupInfo.active` of a listing."""
+    return next((c for c in consumers if c.counts_as_active), None)
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
     """The consumers of one group, in registration order, and its partition index.
@@ -177,7 +184,7 @@ class Group:
 
     def active(self) -> Consumer | None:
         """The first consumer that counts as active (CA, CD or DA), if any."""
-        return next((c for c in self.consumers if c.counts_as_active), None)
+        return active_of(self.consumers)
 
     def disconnected_active(self) -> Consumer | None:
         """The DA, if any."""

@@ -4,14 +4,16 @@ One rule for both ways a stream comes to be: `CreateStream` (the coordinator's c
 and a declared stream (`pykka_delivery.partitions.config.StreamConfig`), which uses it
 from here because the coordinator never imports the partitions package. Each check
 returns the problem as text naming the fix, or None, so that a caller can add where it
-was found (a command's field, a config file's line) before it raises.
+was found (a command's field, a config file's line) before it raises. A partition's stream
+is named here too (`partition_stream`, `on_stream`), for the same reason: the lag query
+and the groups listing match streams the way the partitions package names them.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["NAME_RULE", "name_problem", "partitions_problem"]
+__all__ = ["NAME_RULE", "name_problem", "on_stream", "partition_stream", "partitions_problem"]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -39,4 +41,19 @@ def partitions_problem(
         return f"partitions must be a whole number of 1 or more, got {value!r}{hint}"
     return (
         f"partitions must be a whole number from 1 to {limit} ({limit_name}), got {value!r}{hint}"
+    )
+
+
+def partition_stream(stream: str, partition: int) -> str:
+    """The stream of one partition, ``"<stream>-<partition>"``: the coordinator's group key
+    for that partition (``GroupId(namespace, partition_stream(...), group)``)."""
+    return f"{stream}-{partition}"
+
+
+def on_stream(name: str, partition_index: int, stream: str) -> bool:
+    """Whether a group's or producer's stream ``name`` (a partition's stream for
+    ``partition_index`` >= 0) belongs to ``stream``: ``"orders"`` itself, or
+    ``"orders-3"`` of partition 3."""
+    return name == stream or (
+        partition_index >= 0 and name == partition_stream(stream, partition_index)
     )

@@ -11,7 +11,14 @@ from __future__ import annotations
 from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
 from pykka_delivery.coordinator.commands import Refusal
 
-__all__ = ["catalog_partitions", "partition_stream", "producer_id"]
+# The coordinator's lag query matches partitions' streams too, so the rule lives there.
+from pykka_delivery.coordinator.stream_rules import partition_stream
+
+__all__ = ["DEFAULT_NAMESPACE", "catalog_partitions", "partition_stream", "producer_id"]
+
+DEFAULT_NAMESPACE = "default"
+"""The coordinator namespace of a `GroupMember` (and its producer's positions) not given
+one."""
 
 
 def catalog_partitions(
@@ -57,12 +64,6 @@ def catalog_partitions(
         msg = f"stream {stream!r} in namespace {namespace!r} vanished after its creation"
         raise KeyError(msg)
     return partitions
-
-
-def partition_stream(stream: str, partition: int) -> str:
-    """The stream of one partition, ``"<stream>-<partition>"``: the coordinator's group key
-    for that partition (``GroupId(namespace, partition_stream(...), group)``)."""
-    return f"{stream}-{partition}"
 
 
 def producer_id(stream: str, partition: int, group: str) -> str:

@@ -75,7 +75,11 @@ from pykka_delivery.partitions._member_parts import (
     for_partition,
     producer_ref,
 )
-from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream
+from pykka_delivery.partitions.catalog import (
+    DEFAULT_NAMESPACE,
+    catalog_partitions,
+    partition_stream,
+)
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import unwrap
 from pykka_delivery.partitions.records import GroupDelivery, GroupMemberSettings, GroupMemberStats
@@ -95,9 +99,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pykka_delivery.partitions")
-
-DEFAULT_NAMESPACE = "default"
-"""The coordinator namespace of a `GroupMember` not given one."""
 
 
 class GroupMember:

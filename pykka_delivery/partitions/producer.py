@@ -69,10 +69,14 @@ from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.partitions._positions import ProducerPositions
-from pykka_delivery.partitions.catalog import catalog_partitions, partition_stream, producer_id
+from pykka_delivery.partitions.catalog import (
+    DEFAULT_NAMESPACE,
+    catalog_partitions,
+    partition_stream,
+    producer_id,
+)
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
-from pykka_delivery.partitions.group import DEFAULT_NAMESPACE
 from pykka_delivery.partitions.records import PartitionedProducerSettings, PartitionedProducerStats
 from pykka_delivery.partitions.routing import Router
 from pykka_delivery.protocol.messages import Ref

@@ -46,7 +46,7 @@ def client() -> Iterator[CoordinatorClient]:
 
 
 def test_each_effect_applied_in_the_activation_transaction_once(
-    client: CoordinatorClient, tmp_path: Path
+    client: CoordinatorClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "app.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -77,6 +77,9 @@ def test_each_effect_applied_in_the_activation_transaction_once(
 
     assert [n for (n,) in conn.execute("SELECT number FROM ledger")] == [1, 2, 3, 4, 5]
     assert coordinated.active_dedup_store is not None
+    # Each position went in with its effect, into the activation's own store: its
+    # confirmations found them written (else it writes them itself, and warns).
+    assert "without its position recorded" not in caplog.text
     coordinated.close(timeout=WAIT)  # its consumer tells the producer what is confirmed
     producer.wait_confirmed(timeout=WAIT)
     assert coordinated.active_dedup_store is None

@@ -185,7 +185,7 @@ def test_a_goodbye_forgets_the_positions_of_the_connection_at_once(
 def test_a_lost_connection_keeps_its_positions_until_lag_expiry(
     serve: Serve, connect: Connect
 ) -> None:
-    server = serve(lag_expiry=0.5)
+    server = serve(lag_expiry=3.0)
     client = connect(server.address)
     client.report_positions([PRODUCED])
     wait_for(lambda: bool(server.lag()), "the report")
