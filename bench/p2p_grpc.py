@@ -481,8 +481,7 @@ def one_round(n: int, port_file: Path, quick: bool, index: int = 0) -> dict[str,
     """Every figure once, each ceiling right before the route it bounds; the handle route
     and its metrics-on twin back to back, in turns first (round ``index``)."""
     figures = metrics_pair(n, index)
-    handle = {"msgs_per_frame": figures["msgs_per_frame"]}
-    batch = round(handle["msgs_per_frame"])  # the ceiling batches as the transport did
+    batch = round(figures["msgs_per_frame"])  # the ceiling batches as the transport did
     figures["grpc_ceiling_msgs_per_s"] = run_raw(n, port_file, batch)["msgs_per_s"]
     figures["async_handle_msgs_per_s"] = run_async_handle(n, 500)["msgs_per_s"]
     figures["grpc_ceiling_500_msgs_per_s"] = run_raw(n, port_file, RAW_BATCH)["msgs_per_s"]

@@ -62,8 +62,13 @@ def main() -> None:
         # Stopping from another thread: close() ends the loop below (a signal handler
         # hands it to a thread of its own, as the loop's thread may hold the consumer).
         stop = threading.Thread(target=consumer.close)
-        signal.signal(signal.SIGTERM, lambda *_: stop.start())
-        signal.signal(signal.SIGINT, lambda *_: stop.start())
+
+        def request_stop(*_: object) -> None:
+            if stop.ident is None:  # a second signal (Ctrl-C twice): already stopping
+                stop.start()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
         say(ready=True, group=str(consumer.group), node=node.address)
         numbers = []
         for delivery in consumer:  # waits while another replica is active

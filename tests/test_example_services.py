@@ -4,11 +4,8 @@ command line, a producer service and two replicas of a consumer service in one g
 from __future__ import annotations
 
 import json
-import os
 import queue
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.cli.commands import command, environment, free_port, run_json
+
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = shutil.which("pykka-delivery", path=str(Path(sys.executable).parent))
 WAIT = 60.0
 
 
@@ -33,7 +31,7 @@ class Service:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=environment({"PYTHONPATH": str(ROOT)}),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -76,28 +74,12 @@ def services() -> Iterator[list[Service]]:
         service.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def command(*args: str) -> Any:
-    assert COMMAND is not None, "the pykka-delivery console script is not installed"
-    done = subprocess.run(
-        [COMMAND, *args, "--json"], capture_output=True, text=True, timeout=WAIT, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 @pytest.mark.slow
 def test_the_stream_goes_to_the_waiting_replica_when_the_active_one_stops(
     services: list[Service], tmp_path: Path
 ) -> None:
-    assert COMMAND is not None
     store = str(tmp_path / "coordinator.sqlite")
-    coordinator = Service(COMMAND, "coordinator", "serve", "--store", store, "--port", "0")
+    coordinator = Service(command(), "coordinator", "serve", "--store", store, "--port", "0")
     services.append(coordinator)
     address = coordinator.wait_for("listening on").split()[-1]
     count = "200000"
@@ -119,7 +101,7 @@ def test_the_stream_goes_to_the_waiting_replica_when_the_active_one_stops(
     second = Service(sys.executable, *replica)
     services.append(second)
     second.json_line("ready")
-    (group,) = command("groups", "--address", address)["groups"]
+    (group,) = run_json("groups", "--address", address)["groups"]
     assert group["active"]["node"] == first_node
 
     producer = Service(

@@ -13,6 +13,7 @@ So a snippet cannot drift from code that works, nor leave its reader guessing a 
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -89,15 +90,37 @@ def test_an_excerpt_is_part_of_a_program_a_test_runs(line: int, code: str) -> No
     assert runs(match.group(1)), f"no test runs {match.group(1)} (README.md:{line})"
 
 
+def code_strings(path: Path) -> str:
+    """The string literals of ``path``'s code, one per line: not its comments, nor its
+    docstrings (a file that only mentions a program does not run it)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, documented)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return "\n".join(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    )
+
+
 def runs(program: str) -> bool:
-    """A test runs ``program``: a test names it, or it is started (by file name) by a
-    program of its directory that a test names."""
-    tests = "".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
+    """A test runs ``program``: a test's code names it, or it is started (its file name
+    in the code) by a program of its directory that a test's code names."""
+    tests = "\n".join(code_strings(p) for p in (ROOT / "tests").rglob("test_*.py"))
     if program in tests:
         return True
     path = ROOT / program
     return any(
-        str(other.relative_to(ROOT)) in tests and path.name in other.read_text()
+        str(other.relative_to(ROOT)) in tests and path.name in code_strings(other)
         for other in path.parent.glob("*.py")
         if other != path
     )

@@ -14,7 +14,7 @@ import click
 from pykka_delivery.cli._errors import CommandError, explain
 from pykka_delivery.logs import FORMATS, configure_logging
 
-__all__ = ["QUIET", "cli", "logging_options", "main"]
+__all__ = ["QUIET", "apply_options", "cli", "logging_options", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,12 +94,18 @@ def logging_options(default_level: str) -> Callable[[F], F]:
                 help="Show the traceback of an error, and log at DEBUG.",
             ),
         ]
-        decorated: Any = wrapper
-        for option in reversed(options):
-            decorated = option(decorated)
-        return decorated  # type: ignore[no-any-return]
+        return apply_options(wrapper, options)  # type: ignore[no-any-return]
 
     return decorate
+
+
+def apply_options(command: Callable[..., Any], options: list[Callable[[Any], Any]]) -> Any:
+    """``command`` decorated with ``options``, the first of them outermost (as if
+    written above it in that order)."""
+    decorated: Any = command
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated
 
 
 def main() -> None:

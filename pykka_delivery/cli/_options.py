@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from pykka_delivery.cli._app import apply_options
 from pykka_delivery.cli._errors import TLS_HINT, CommandError, explain_coordinator
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
@@ -54,13 +55,6 @@ class CoordinatorOptions:
     address: str
     timeout: float
     security: Security
-
-
-def _apply(command: Callable[..., Any], options: list[Callable[[Any], Any]]) -> Any:
-    decorated: Any = command
-    for option in reversed(options):
-        decorated = option(decorated)
-    return decorated
 
 
 def _read_token(token: str | None, token_file: Path | None) -> str | None:
@@ -193,7 +187,7 @@ def security_options(*, server: bool = False) -> Callable[[F], F]:
             )
             return command(*args, security=security, **kwargs)
 
-        return _apply(wrapper, options)  # type: ignore[no-any-return]
+        return apply_options(wrapper, options)  # type: ignore[no-any-return]
 
     return decorate
 
@@ -223,7 +217,7 @@ def coordinator_options(command: F) -> F:
             help="Seconds to wait for the coordinator's answer.",
         ),
     ]
-    return _apply(security_options()(wrapper), options)  # type: ignore[no-any-return]
+    return apply_options(security_options()(wrapper), options)  # type: ignore[no-any-return]
 
 
 def json_option(command: F) -> F:

@@ -19,8 +19,6 @@ from pykka_delivery.transport.settings import TlsSettings
 
 __all__ = ["health"]
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-
 
 async def check(address: str, service: str, tls: TlsSettings | None, timeout: float) -> str:
     """The status name ``address`` reports for ``service`` (``"SERVING"``, ...).

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pykka_delivery.cli._app import QUIET, cli, logging_options
+from pykka_delivery.cli._options import json_option
 from pykka_delivery.cli._output import console, duration, iso_time, print_json, table
 from pykka_delivery.delivery.stores.durable_sqlite_inspect import (
     QueuedProducer,
@@ -46,7 +47,7 @@ def _document(producer: QueuedProducer, now: float) -> dict[str, Any]:
 
 @queue.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_option
 @logging_options(QUIET)
 def inspect(*, path: Path, as_json: bool) -> None:
     """Per producer id in the SqliteDurableQueue file PATH: its next seq_nr, the highest

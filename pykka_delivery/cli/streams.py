@@ -19,19 +19,11 @@ from pykka_delivery.cli._options import (
 )
 from pykka_delivery.cli._output import console, print_json, table
 from pykka_delivery.coordinator.client import CoordinatorClient
-from pykka_delivery.coordinator.client_errors import ConnectionRejected, CoordinatorUnavailable
+from pykka_delivery.coordinator.client_errors import ConnectionRejected
 from pykka_delivery.coordinator.lag import LagInfo
-from pykka_delivery.partitions.catalog import partition_stream
+from pykka_delivery.coordinator.stream_rules import on_stream
 
 __all__ = ["StreamRow", "on_stream", "stream_rows", "streams"]
-
-
-def on_stream(name: str, partition_index: int, stream: str) -> bool:
-    """Whether a group's or producer's stream ``name`` (a partition's stream for
-    ``partition_index`` >= 0) belongs to ``stream``."""
-    return name == stream or (
-        partition_index >= 0 and name == partition_stream(stream, partition_index)
-    )
 
 
 def _base(name: str, partition_index: int) -> str:
@@ -107,8 +99,8 @@ def _lag_or_none(
 ) -> tuple[LagInfo, ...] | None:
     try:
         return client.lag(namespace, timeout=timeout)
-    except (ConnectionRejected, CoordinatorUnavailable) as error:
-        if "UNIMPLEMENTED" not in str(error):
+    except ConnectionRejected as error:
+        if error.code != "UNIMPLEMENTED":
             raise
         return None  # a coordinator without lag reports: producers unknown
 

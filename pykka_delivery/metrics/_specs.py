@@ -61,7 +61,12 @@ SPECS: tuple[Spec, ...] = (
     _counter(
         "node_unknown_target", "Received messages for a name nothing is exposed under.", _NODE
     ),
-    _counter("node_rejected_links", "Links refused (authentication, missing hello).", _NODE),
+    _counter(
+        "node_rejected_links",
+        "Links refused (a wrong token, no hello, or with mutual TLS an address the peer's "
+        "certificate does not name).",
+        _NODE,
+    ),
     # --- links: one series per peer node -------------------------------------------------
     _counter("link_frames_sent", "Frames written to the peer.", _LINK),
     _counter("link_bytes_sent", "Encoded bytes of the frames written to the peer.", _LINK),

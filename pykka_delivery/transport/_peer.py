@@ -24,11 +24,15 @@ from pykka_delivery.transport.stats import LinkStats
 if TYPE_CHECKING:
     from pykka_delivery.transport.node import Node
 
-__all__ = ["Peer", "Stream"]
+__all__ = ["REFUSED", "Peer", "Stream"]
 
 logger = logging.getLogger("pykka_delivery.transport")
 
 _Frame = transport_pb2.Frame
+
+# How a node refuses a link: a wrong token, or (mutual TLS) an address not in the
+# certificate.
+REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 class Stream:
@@ -67,14 +71,15 @@ class Peer:
         self.streams: list[Stream] = []
         self.linked = asyncio.Event()
         self.dialling = False
-        # Why the last attempt to link failed, None once a frame came from the peer (a
-        # refused link is attached for a moment, so attaching proves nothing): a handle's
-        # timeout names it (Node.link_problem).
+        # Why the last attempt to link failed, None once a frame came from the peer
+        # (Node._deliver; a refused link is attached for a moment, so attaching proves
+        # nothing): a handle's timeout names it (Node.link_problem).
         self.problem: str | None = None
         self.channel: grpc.aio.Channel | None = None
         # Names either side told the other nothing is exposed under (see _targets.py).
         self.targets = TargetReports()
-        # Counted per frame on the node's loop (Node.link_statistics reads them).
+        # Counted per frame on the node's loop (_write, Node._deliver; Node.link_statistics
+        # reads them).
         self.frames_sent = self.bytes_sent = self.frames_received = 0
         self.links_opened = self.links_lost = 0
 
@@ -250,7 +255,7 @@ class Peer:
         error after the reader saw the refusal)."""
         if isinstance(error, grpc.aio.AioRpcError):
             code = error.code()
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            if code in REFUSED:
                 self.problem = f"refused ({code.name}): {error.details()}"
             else:
                 self.problem = f"the link failed ({code.name}): {error.details()}"

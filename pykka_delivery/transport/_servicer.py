@@ -80,17 +80,14 @@ class LinkServicer:
         if claimed != announced:  # a node that predates NODE_METADATA, or an odd one
             await self._verify(context, claimed)
         peer = node._peer(claimed)
-        peer.problem = None  # the peer reached us: the link works
         stream = Stream(context.write, lambda: None)
         peer.attach(stream)
-        peer.frames_received += 1
         node._deliver(first, peer)
         try:
             while stream.alive:
                 frame = await self._read(context)
                 if frame is None:
                     break
-                peer.frames_received += 1
                 node._deliver(frame, peer)
         finally:
             peer.detach(stream)

@@ -57,7 +57,7 @@ from pykka_delivery.protocol.messages import (
     TellsMany,
 )
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
-from pykka_delivery.transport._peer import Peer, Stream
+from pykka_delivery.transport._peer import REFUSED, Peer, Stream
 from pykka_delivery.transport._servicer import LINK_SERVICE, NODE_METADATA, LinkServicer
 from pykka_delivery.transport._targets import missing_target_problem
 from pykka_delivery.transport.frames import messages_in, split_frame
@@ -76,10 +76,6 @@ __all__ = ["Node", "NodeStats", "RemoteRef"]
 logger = logging.getLogger("pykka_delivery.transport")
 
 _Frame = transport_pb2.Frame
-
-# How a node refuses a link: a wrong token, or (mutual TLS) an address not in the
-# certificate.
-_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def _ended_call_error(call: Any) -> grpc.aio.AioRpcError:
@@ -403,6 +399,8 @@ class Node:
         run of one producer's messages as one `SequencedRun` when it takes runs."""
         counters = self._counters
         counters.frames_received += 1
+        peer.frames_received += 1
+        peer.problem = None  # a frame came from the peer: the link works
         if frame.HasField("targets"):
             self._heard(peer, frame.targets)
         groups, errors = self._codec.decode_frame(frame, runs=True)
@@ -544,12 +542,10 @@ class Node:
                 frame = await call.read()
                 if frame is grpc.aio.EOF:
                     break
-                peer.problem = None  # the link works
-                peer.frames_received += 1
                 self._deliver(frame, peer)
         except grpc.aio.AioRpcError as error:
             peer.failed(error)
-            if error.code() in _REFUSED:
+            if error.code() in REFUSED:
                 logger.error("Link to %s refused: %s", peer.address, error.details())
             else:
                 logger.info("Link to %s lost: %s", peer.address, error.code().name)

@@ -67,10 +67,12 @@ def test_inspect_opens_the_file_read_only(tmp_path: Path) -> None:
     path = tmp_path / "queue.sqlite"
     fill(path)
     path.chmod(0o444)
+    before = path.read_bytes()
 
-    done = run("queue", "inspect", str(path), "--json")
+    document = run_json("queue", "inspect", str(path))
 
-    assert done.returncode == 0, done.stderr
+    assert [p["unconfirmed"] for p in document["producers"]] == [2]
+    assert path.read_bytes() == before
 
 
 def test_inspect_reads_a_queue_a_running_producer_holds(tmp_path: Path) -> None:
@@ -108,3 +110,18 @@ def test_inspect_of_a_file_that_is_no_queue_is_one_clear_line(
     done = run("queue", "inspect", str(path))
 
     assert_one_clear_line(done, str(path), words)
+
+
+def test_inspect_of_a_queue_of_a_newer_schema_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "queue.sqlite"
+    fill(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE schema_version SET version = version + 1 WHERE component = ?",
+            ("durable_producer_queue",),
+        )
+    conn.close()
+
+    done = run("queue", "inspect", str(path))
+
+    assert_one_clear_line(done, str(path), "schema version 2", "newer version")

@@ -4,6 +4,7 @@ through the ``PYKKA_DELIVERY_TLS_*`` environment variables."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def test_groups_over_mutual_tls_answers(coordinator: Served, tls: TlsFiles) -> N
     done = run("groups", "--json", "--address", coordinator.address, env=client_tls(tls))
 
     assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"] == []  # the coordinator's answer: no group yet
 
 
 def test_plaintext_to_a_tls_coordinator_fails_with_one_clear_line(coordinator: Served) -> None:

@@ -35,7 +35,8 @@ def test_a_wildcard_san_matches_one_leftmost_label_only() -> None:
 
 
 def test_an_ip_address_is_not_matched_by_a_dns_san_spelling_it() -> None:
-    assert claim_problem("10.0.0.7:1", context("10.0.0.8", "other.test")) is not None
+    # "*.0.0.7" would match "10.0.0.7" as a DNS name: an IP claim is compared as an IP only.
+    assert claim_problem("10.0.0.7:1", context("10.0.0.8", "*.0.0.7", "other.test")) is not None
 
 
 def test_a_dns_name_is_not_matched_by_another_name() -> None:

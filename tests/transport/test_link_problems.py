@@ -7,9 +7,8 @@ delivered" or "no demand to send". Two nodes on 127.0.0.1; every wait is bounded
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,23 +20,10 @@ from pykka_delivery import (
     Producer,
 )
 from pykka_delivery.transport import Node, NodeSettings
+from tests.transport.test_node import Sink, free_port, start
 
 FAST = ConsumerControllerSettings(resend_interval_min=0.05, resend_interval_max=0.1)
 QUICK_DIAL = NodeSettings(connect_timeout=0.2, reconnect_backoff_min=0.05)
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.stop()
-
-
-def start(nodes: list[Node], settings: NodeSettings) -> Node:
-    node = Node(settings).start()
-    nodes.append(node)
-    return node
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -56,12 +42,6 @@ class Collector:
     def tell(self, message: Any) -> None:
         if isinstance(message, str):
             self.into.append(message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_consumer_registered_where_nothing_listens_times_out_naming_the_address(
@@ -185,10 +165,15 @@ def test_a_wrong_name_is_reported_once_per_interval_not_per_message(
         ref.tell(n)
         wait_until(lambda n=n: receiver.statistics().unknown_target == n + 1)
     wait_until(lambda: ref.link_problem() is not None)
+    # The link is ordered: once a frame sent after the five arrived, every notice did.
+    sink = Sink()
+    sender.register("sink", sink)
+    receiver.ref(f"{sender.address}/sink").tell("after")
+    sink.wait(1)
 
     told = [r for r in caplog.records if "are dropped there" in r.getMessage()]
     assert len(told) == 1
-    assert sender.statistics().frames_received == 1  # the one notice, nothing else
+    assert sender.statistics().frames_received == 2  # the one notice, then "after"
 
 
 def test_a_name_unknown_on_this_very_node_is_named_too(nodes: list[Node]) -> None:

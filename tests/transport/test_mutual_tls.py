@@ -5,9 +5,8 @@ trustme (tests/certs.py); every wait is bounded."""
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,11 @@ from pykka_delivery import Consumer, ConsumerControllerSettings, DeliveryTimeout
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.transport import Node, NodeSettings
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
+from tests.transport.test_node import free_port, start
 
 WAIT = 10.0
 FAST = ConsumerControllerSettings(resend_interval_min=0.05, resend_interval_max=0.1)
 QUICK = {"connect_timeout": 1.0, "reconnect_backoff_min": 0.05, "reconnect_backoff_max": 0.2}
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.stop()
-
-
-def start(nodes: list[Node], settings: NodeSettings) -> Node:
-    node = Node(settings).start()
-    nodes.append(node)
-    return node
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
@@ -43,12 +29,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def round_trip(producer_node: Node, consumer_node: Node) -> list[object]:

@@ -11,7 +11,6 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,14 +42,6 @@ WAIT = 20.0
 FAST = ConsumerControllerSettings(
     flow_control_window=100, resend_interval_min=0.05, resend_interval_max=0.2
 )
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.stop()
 
 
 def start(nodes: list[Node], settings: NodeSettings | None = None) -> Node:

@@ -38,14 +38,6 @@ WAIT = 20.0
 
 
 @pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.stop()
-
-
-@pytest.fixture
 def timers() -> Iterator[TimerService]:
     service = TimerService(name="test-node-runs-timers")
     yield service

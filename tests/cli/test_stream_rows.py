@@ -1,0 +1,70 @@
+"""How ``pykka-delivery streams`` puts the catalog, the groups and the producers together
+(`stream_rows`), and what it does with a coordinator that cannot answer for lag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pykka_delivery.cli.streams import _lag_or_none, stream_rows
+from pykka_delivery.coordinator.client_errors import ConnectionRejected
+
+NS = "shop"
+
+
+def test_a_partition_groups_and_producers_are_listed_on_their_catalog_stream() -> None:
+    [row] = stream_rows(
+        [(NS, "orders", 4)],
+        [(NS, "orders-3", 3, "billing")],
+        [(NS, "orders-3", 3, "orders-3:billing")],
+    )
+
+    assert row.document() == {
+        "namespace": NS,
+        "stream": "orders",
+        "partitions": 4,
+        "in_catalog": True,
+        "groups": ["billing"],
+        "producers": ["orders-3:billing"],
+    }
+
+
+def test_a_partition_stream_missing_from_the_catalog_is_listed_under_its_base_name() -> None:
+    [row] = stream_rows([], [(NS, "views-2", 2, "ranker")], [])
+
+    assert (row.stream, row.partitions, row.groups) == ("views", None, {"ranker"})
+
+
+def test_a_stream_of_another_namespace_is_a_row_of_its_own() -> None:
+    rows = stream_rows([(NS, "orders", 2)], [("other", "orders", -1, "audit")], [])
+
+    assert [(r.namespace, r.stream, r.partitions) for r in rows] == [
+        ("other", "orders", None),
+        (NS, "orders", 2),
+    ]
+
+
+def test_without_lag_reports_the_producers_are_unknown_not_none() -> None:
+    [row] = stream_rows([(NS, "orders", 2)], [], None)
+
+    assert row.document()["producers"] is None
+
+
+class Refusing:
+    """A client whose ``lag`` the coordinator refuses with ``code``."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def lag(self, namespace: str | None, *, timeout: float) -> Any:
+        raise ConnectionRejected(self.code, "refused")
+
+
+def test_a_coordinator_without_lag_queries_leaves_the_producers_unknown() -> None:
+    assert _lag_or_none(Refusing("UNIMPLEMENTED"), NS, 1.0) is None  # type: ignore[arg-type]
+
+
+def test_a_refused_token_is_not_taken_for_a_coordinator_without_lag() -> None:
+    with pytest.raises(ConnectionRejected, match="UNAUTHENTICATED"):
+        _lag_or_none(Refusing("UNAUTHENTICATED"), NS, 1.0)  # type: ignore[arg-type]
