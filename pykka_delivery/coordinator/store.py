@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_SNAPSHOT_EVERY",
     "CommandLog",
     "CommandLogError",
+    "LogFencedError",
     "MemoryCommandLog",
     "SqliteCommandLog",
     "decode_command",
@@ -70,6 +71,12 @@ class CommandLogError(DeliveryError):
     snapshot, or a file written by a newer version."""
 
 
+class LogFencedError(CommandLogError):
+    """An append was refused because another coordinator leads now (a newer lease epoch),
+    or this one's lease expired: the commands were not stored, and the coordinator that
+    tried must stop serving at once (it is no longer the leader)."""
+
+
 class CommandLog(Protocol):
     """Where the coordinator keeps its state: a snapshot plus the commands after it."""
 
@@ -80,6 +87,12 @@ class CommandLog(Protocol):
 
     def append(self, command: Command) -> None:
         """Store ``command`` durably, after the ones before it."""
+        ...
+
+    def append_all(self, commands: Sequence[Command]) -> None:
+        """Store ``commands`` durably, in order, after the ones before them, all or none
+        (one transaction: a group commit). Raises `LogFencedError` when a log shared by
+        several coordinators refuses this one's writes."""
         ...
 
     def close(self) -> None:
@@ -118,10 +131,13 @@ class MemoryCommandLog:
         return replay(self.commands, self._snapshot)
 
     def append(self, command: Command) -> None:
+        self.append_all((command,))
+
+    def append_all(self, commands: Sequence[Command]) -> None:
         if self._closed:
             msg = "this MemoryCommandLog was closed; create a new one"
             raise ClosedError(msg)
-        self.commands.append(command)
+        self.commands.extend(commands)
         if len(self.commands) >= self._snapshot_every:
             self._snapshot = self.load()
             self.commands.clear()
@@ -261,13 +277,16 @@ class SqliteCommandLog:
                 raise  # locked, I/O: the file may be fine
 
     def append(self, command: Command) -> None:
-        kind, body = encode_command(command)
+        self.append_all((command,))
+
+    def append_all(self, commands: Sequence[Command]) -> None:
+        rows = [encode_command(command) for command in commands]
         with self._lock:
             conn = self._connection()
             with conn:  # one transaction, committed on exit
                 conn.execute("BEGIN")
-                conn.execute("INSERT INTO log (kind, body) VALUES (?, ?)", (kind, body))
-            self._since_snapshot += 1
+                conn.executemany("INSERT INTO log (kind, body) VALUES (?, ?)", rows)
+            self._since_snapshot += len(rows)
             if self._since_snapshot >= self._snapshot_every:
                 # The command is committed: a failed compaction must not report it as not
                 # stored (the actor would not apply what a restart replays). It is retried
