@@ -101,8 +101,12 @@ def _show(listing: tuple[GroupInfo, ...], as_json: bool) -> None:
 
 
 def _listed_at(listing: tuple[GroupInfo, ...]) -> float:
-    # The coordinator's clock when it answered; this host's if it did not say.
     return next((g.listed_at for g in listing if g.listed_at > 0), time.time())
+
+
+def _now(info: GroupInfo) -> float:
+    # The coordinator's clock when it answered; this host's if it did not say.
+    return info.listed_at or time.time()
 
 
 def _seconds(value: float | None) -> float | None:
@@ -148,7 +152,7 @@ def _handover_document(handover: Handover | None, now: float) -> dict[str, Any] 
 def group_document(info: GroupInfo) -> dict[str, Any]:
     """One group as ``groups --json`` prints it."""
     active = info.active()
-    now = info.listed_at or time.time()
+    now = _now(info)
     return {
         "namespace": info.group.namespace,
         "stream": info.group.stream,
@@ -209,7 +213,7 @@ def _handover_cell(info: GroupInfo) -> str:
         return "-"
     came_from = "" if handover.from_consumer is None else f"{_short_name(handover.from_consumer)} "
     reason = handover.reason.value.replace("_", " ")
-    when = ago(handover.at, info.listed_at or time.time())
+    when = ago(handover.at, _now(info))
     return f"{when}: {came_from}→ {_short_name(handover.to_consumer)} ({reason})"
 
 

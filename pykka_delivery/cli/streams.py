@@ -21,17 +21,9 @@ from pykka_delivery.cli._output import console, print_json, table
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.client_errors import ConnectionRejected
 from pykka_delivery.coordinator.lag import LagInfo
-from pykka_delivery.coordinator.stream_rules import on_stream
+from pykka_delivery.coordinator.stream_rules import base_stream, on_stream
 
 __all__ = ["StreamRow", "on_stream", "stream_rows", "streams"]
-
-
-def _base(name: str, partition_index: int) -> str:
-    """The stream a partition's stream ``name`` belongs to (``orders-3`` -> ``orders``)."""
-    suffix = f"-{partition_index}"
-    if partition_index >= 0 and name.endswith(suffix) and len(name) > len(suffix):
-        return name[: -len(suffix)]
-    return name
 
 
 @dataclass(slots=True)
@@ -80,7 +72,7 @@ def stream_rows(
         for (ns, stream), row in rows.items():
             if ns == namespace and on_stream(name, index, stream):
                 return row
-        base = _base(name, index)
+        base = base_stream(name, index)
         return rows.setdefault((namespace, base), StreamRow(namespace, base, None))
 
     for namespace, name, index, group in groups:

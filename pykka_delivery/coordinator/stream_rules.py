@@ -50,6 +50,15 @@ def partition_stream(stream: str, partition: int) -> str:
     return f"{stream}-{partition}"
 
 
+def base_stream(name: str, partition_index: int) -> str:
+    """The stream a partition's stream ``name`` belongs to (``"orders-3"`` of partition 3
+    -> ``"orders"``): the inverse of `partition_stream`; ``name`` itself otherwise."""
+    suffix = partition_stream("", partition_index)
+    if partition_index >= 0 and name.endswith(suffix) and len(name) > len(suffix):
+        return name[: -len(suffix)]
+    return name
+
+
 def on_stream(name: str, partition_index: int, stream: str) -> bool:
     """Whether a group's or producer's stream ``name`` (a partition's stream for
     ``partition_index`` >= 0) belongs to ``stream``: ``"orders"`` itself, or

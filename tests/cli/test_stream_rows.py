@@ -9,6 +9,7 @@ import pytest
 
 from pykka_delivery.cli.streams import _lag_or_none, stream_rows
 from pykka_delivery.coordinator.client_errors import ConnectionRejected
+from pykka_delivery.coordinator.stream_rules import base_stream, partition_stream
 
 NS = "shop"
 
@@ -68,3 +69,19 @@ def test_a_coordinator_without_lag_queries_leaves_the_producers_unknown() -> Non
 def test_a_refused_token_is_not_taken_for_a_coordinator_without_lag() -> None:
     with pytest.raises(ConnectionRejected, match="UNAUTHENTICATED"):
         _lag_or_none(Refusing("UNAUTHENTICATED"), NS, 1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "index", "base"),
+    [
+        ("orders-3", 3, "orders"),
+        ("orders-3", 4, "orders-3"),  # another partition's suffix is part of the name
+        ("orders", -1, "orders"),  # not a partition
+        ("-3", 3, "-3"),  # nothing before the suffix
+        ("a-b-12", 12, "a-b"),
+    ],
+)
+def test_the_base_stream_undoes_the_partition_suffix_only(name: str, index: int, base: str) -> None:
+    assert base_stream(name, index) == base
+    if base != name:
+        assert partition_stream(base, index) == name
