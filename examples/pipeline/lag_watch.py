@@ -75,6 +75,7 @@ class LagWatch:
                     logger.info("Cannot read the lag: %s", error)
                 self.problem = f"{type(error).__name__}: {error}"
                 continue
+            self.problem = ""  # read again: the report need not say it could not be
             with self._lock:
                 stage, prefixes = self._stage, self._prefixes
                 if not stage:
