@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -295,3 +296,19 @@ class ManualTimerService(TimerService):
         self.entries = [e for e in self.entries if e.cancelled != cancelled]
         for entry in due:
             entry.callback()
+
+
+WAIT = 20.0
+"""How long `wait_until` waits by default: a bound on a wait expected to succeed, so
+generous (the machine is shared); a failing test pays it once."""
+
+
+def wait_until(
+    condition: Callable[[], object], what: str = "the condition", timeout: float = WAIT
+) -> None:
+    """Poll ``condition`` every 10 ms until it is true; fail naming ``what`` after
+    ``timeout`` seconds. For state that only polling can observe, never as a sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.01)

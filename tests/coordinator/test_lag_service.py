@@ -27,6 +27,7 @@ from pykka_delivery.coordinator import (
 )
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from tests.harness import wait_until
 
 WAIT = 10.0
 FAST = CoordinatorClientSettings(
@@ -82,14 +83,6 @@ def connect() -> Iterator[Connect]:
         client.close()
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
-
-
 def figures(rows: tuple[LagInfo, ...]) -> list[tuple[str, str, int, int, int]]:
     """(stream, group, sent, confirmed, in_flight) of each row."""
     return [(r.stream, r.group, r.sent, r.confirmed, r.in_flight) for r in rows]
@@ -109,7 +102,7 @@ def test_reported_positions_come_back_from_lag_joined_per_group_and_producer(
     consumer_side.report_positions([CONSUMED])
 
     wanted = [("orders-0", "billing", 10, 7, 3)]
-    wait_for(lambda: figures(consumer_side.lag()) == wanted, "the joined row")
+    wait_until(lambda: figures(consumer_side.lag()) == wanted, "the joined row")
     (row,) = producer_side.lag()
     assert (row.namespace, row.partition_index, row.producer_id) == ("ns", 0, "orders-0:billing")
     assert row.oldest_unconfirmed_age == 1.5
@@ -128,11 +121,11 @@ def test_a_position_source_is_read_again_at_every_report(
 
     client.add_position_source(source)
 
-    wait_for(lambda: [r.sent for r in client.lag()] >= [3], "a third read reported")
+    wait_until(lambda: [r.sent for r in client.lag()] >= [3], "a third read reported")
     client.remove_position_source(source)
     count = len(reads)
     client.report_positions([ProducerPosition("ns", "s", -1, "p", 1000, 0)])
-    wait_for(lambda: [r.sent for r in client.lag()] == [1000], "the last report")
+    wait_until(lambda: [r.sent for r in client.lag()] == [1000], "the last report")
     assert len(reads) == count
 
 
@@ -144,7 +137,7 @@ def test_the_last_position_of_a_key_given_before_a_report_is_the_one_sent(
     client.report_positions([ProducerPosition("ns", "s", -1, "p", 1, 0)])
     client.report_positions([ProducerPosition("ns", "s", -1, "p", 2, 0)])
 
-    wait_for(lambda: bool(server.lag()), "a report")
+    wait_until(lambda: bool(server.lag()), "a report")
     assert [r.sent for r in server.lag()] == [2]
 
 
@@ -159,7 +152,7 @@ def test_lag_filters_by_namespace_stream_and_group_on_the_server(
             ConsumerPosition("other", "payments", "billing", -1, "pay", 5, 5),
         ]
     )
-    wait_for(lambda: len(client.lag()) == 3, "three rows")
+    wait_until(lambda: len(client.lag()) == 3, "three rows")
 
     assert [r.group for r in client.lag("ns")] == ["billing", "audit"]
     assert [r.namespace for r in client.lag(group="billing")] == ["ns", "other"]
@@ -175,7 +168,7 @@ def test_a_goodbye_forgets_the_positions_of_the_connection_at_once(
     staying = connect(server.address)
     leaving.report_positions([PRODUCED])
     staying.report_positions([ProducerPosition("ns", "s", -1, "kept", 1, 0)])
-    wait_for(lambda: len(server.lag()) == 2, "both reports")
+    wait_until(lambda: len(server.lag()) == 2, "both reports")
 
     leaving.close()
 
@@ -188,14 +181,14 @@ def test_a_lost_connection_keeps_its_positions_until_lag_expiry(
     server = serve(lag_expiry=3.0)
     client = connect(server.address)
     client.report_positions([PRODUCED])
-    wait_for(lambda: bool(server.lag()), "the report")
+    wait_until(lambda: bool(server.lag()), "the report")
 
     client.close(goodbye=False)
-    wait_for(lambda: server.statistics().streams_lost == 1, "the lost stream")
+    wait_until(lambda: server.statistics().streams_lost == 1, "the lost stream")
     kept = server.lag()
 
     assert [r.producer_id for r in kept] == [PRODUCED.producer_id]
-    wait_for(lambda: server.lag() == (), "the position expired")
+    wait_until(lambda: server.lag() == (), "the position expired")
 
 
 def test_lag_without_the_token_is_refused(serve: Serve, connect: Connect) -> None:
@@ -227,7 +220,7 @@ def test_an_invalid_position_on_the_wire_is_ignored_and_the_stream_goes_on(
         requests.put(pb.ClientMessage(request_id=1, hello=pb.Hello(connection_id="raw")))
         welcome = next(replies)
         requests.put(pb.ClientMessage(positions=pb.Positions(producers=[bad, good])))
-        wait_for(lambda: bool(server.lag()), "the valid position")
+        wait_until(lambda: bool(server.lag()), "the valid position")
         requests.put(pb.ClientMessage(goodbye=pb.Goodbye()))
         requests.put(None)
         rest = list(replies)

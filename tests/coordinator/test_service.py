@@ -60,6 +60,7 @@ from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
 from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node
+from tests.harness import wait_until
 
 WAIT = 10.0  # the most any wait lasts
 TIMEOUT = 0.3  # the coordinator's disconnected timeout in these tests, seconds
@@ -910,15 +911,6 @@ def test_a_step_down_whose_answer_was_refused_is_answered_again() -> None:
 # --- review regressions: closing, reconnecting, refusals -------------------------------------
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
-
-
 def test_a_goodbye_waits_until_the_delivery_in_flight_is_confirmed(
     serve: Serve, clients: list[CoordinatorClient], nodes: tuple[Node, Node]
 ) -> None:
@@ -968,7 +960,7 @@ def test_a_client_whose_consumers_do_not_stop_within_close_timeout_leaves_withou
 
     assert any("without goodbye" in r.getMessage() for r in caplog.records)
     # The safe side: the coordinator sees a lost connection and waits disconnected_timeout.
-    wait_for(lambda: server.statistics().streams_lost == 1, "the connection is lost")
+    wait_until(lambda: server.statistics().streams_lost == 1, "the connection is lost")
     assert server.statistics().streams_closed == 0
     held.confirm()
     first.close(unregister=False)
@@ -994,7 +986,7 @@ def test_a_client_closed_from_its_callback_also_waits_for_the_delivery_in_flight
     # thread, which calls close there (it returns at once and finishes on that thread).
     Member(connect(clients, server.address)).register(trigger, partition_index=1)
 
-    wait_for(lambda: not closing.connected, "the client is closing")
+    wait_until(lambda: not closing.connected, "the client is closing")
     with pytest.raises(DeliveryTimeout):  # proves a negative: nothing while it is held
         second.receive(timeout=0.5)
     held.confirm()
@@ -1078,7 +1070,7 @@ def test_a_refused_re_registration_ends_the_coordinated_consumer_with_the_refusa
         assert consumer.registered.active
         proxy.refuse(True)
         proxy.cut()
-        wait_for(lambda: not client.connected, "the client saw the cut")
+        wait_until(lambda: not client.connected, "the client saw the cut")
         # Meanwhile an operator drops the consumer, and the group comes back partitioned.
         command = EvaluateGroup(*GROUP_FIELDS, dead_connections=(client.connection_id,))
         assert server.coordinator.ask(Execute(command)) == OK
@@ -1113,7 +1105,7 @@ def test_a_coordinated_consumer_closed_from_a_callback_leaves_its_group(
     client.register(GroupId("test", "other", "trigger"), 99, close_consumer)  # its activation
 
     assert closed.wait(WAIT) and errors == []
-    wait_for(lambda: statuses(client) == [], "the consumer left its group")
+    wait_until(lambda: statuses(client) == [], "the consumer left its group")
 
 
 def test_the_client_reconnects_after_an_unexpected_error_in_its_stream(

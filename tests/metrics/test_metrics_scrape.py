@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from pykka_delivery.coordinator import (
 )
 from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node, NodeSettings
+from tests.harness import wait_until
 from tests.transport.test_node import Sink, free_port
 
 WAIT = 20.0
@@ -50,14 +50,6 @@ def scrape(server: metrics.MetricsServer) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {WAIT} s")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def test_a_link_cut_and_opened_again_counts_as_a_reconnect_of_that_peer(
             sink.wait(1)
 
             proxy.cut()
-            wait_for(lambda: not a.is_linked(via_proxy), "the link seen down")
+            wait_until(lambda: not a.is_linked(via_proxy), "the link seen down")
             ref.tell("after the cut")
             sink.wait(2)
 
@@ -172,7 +164,7 @@ def test_a_producer_waiting_for_confirmations_shows_them_in_flight_with_an_age(
     sender.join(WAIT)
 
     first = scrape(endpoint)
-    wait_for(
+    wait_until(
         lambda: (
             (
                 value(
@@ -253,7 +245,7 @@ def test_a_scrape_shows_the_lag_reported_to_a_coordinator(
     try:
         position = ProducerPosition("scrape", "orders-0", 0, "orders-0:billing", 10, 4, 1.5)
         client.report_positions([position])
-        wait_for(lambda: bool(server.lag()), "the reported position")
+        wait_until(lambda: bool(server.lag()), "the reported position")
 
         samples = scrape(endpoint)
     finally:

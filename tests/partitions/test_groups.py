@@ -64,7 +64,7 @@ from pykka_delivery.protocol.messages import (
 from pykka_delivery.protocol.serialization import default_serialization
 from pykka_delivery.transport import Node
 from tests.coordinator.procs import assert_no_overlap
-from tests.harness import FakeClock, Probe, consumer_driver, producer_driver
+from tests.harness import FakeClock, Probe, consumer_driver, producer_driver, wait_until
 from tests.partitions.procs import Entry, check_group, key_for
 
 WAIT = 20.0  # the most any wait lasts
@@ -241,13 +241,6 @@ def world(server: CoordinatorServer) -> Iterator[World]:
         yield made
     finally:
         made.close()
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def check_no_overlap(members: dict[str, GroupMember], partitions: int) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,6 +27,7 @@ from pykka_delivery.partitions import (
     PartitionedProducer,
     partition_for_key,
 )
+from tests.harness import wait_until
 
 WAIT = 20.0
 NAMESPACE = "test"
@@ -62,14 +62,6 @@ def clients(server: CoordinatorServer) -> Iterator[tuple[CoordinatorClient, Coor
     yield producing, consuming
     consuming.close()
     producing.close()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
 
 
 def key_of(partition: int) -> str:
@@ -130,14 +122,14 @@ def test_lag_shows_per_partition_what_was_sent_confirmed_and_in_flight_until_goo
             ("orders-0", GROUP, 0, "orders-0:billing", 6, HOLD - 1, 7 - HOLD),
             ("orders-1", GROUP, 1, "orders-1:billing", 4, 4, 0),
         ]
-        wait_for(lambda: figures(producing.lag(NAMESPACE)) == behind, "partition 0 behind")
-        wait_for(
+        wait_until(lambda: figures(producing.lag(NAMESPACE)) == behind, "partition 0 behind")
+        wait_until(
             lambda: consuming.lag(NAMESPACE)[0].oldest_unconfirmed_age > 0,
             "the held message ageing",
         )
 
         holder.release.set()
-        wait_for(lambda: figures(producing.lag(NAMESPACE)) == caught_up, "partition 0 caught up")
+        wait_until(lambda: figures(producing.lag(NAMESPACE)) == caught_up, "partition 0 caught up")
         assert [r.oldest_unconfirmed_age for r in producing.lag(NAMESPACE)] == [0.0, 0.0]
     finally:
         holder.release.set()
@@ -145,7 +137,7 @@ def test_lag_shows_per_partition_what_was_sent_confirmed_and_in_flight_until_goo
         consuming.close()  # goodbye: the consumers' positions go
 
     # The producer's rows stay, with the group it sends to and its own figures.
-    wait_for(lambda: figures(producing.lag(NAMESPACE)) == caught_up, "the producer's rows")
+    wait_until(lambda: figures(producing.lag(NAMESPACE)) == caught_up, "the producer's rows")
     producer.close()
     producing.close()  # goodbye: the producer's positions go
 
@@ -164,7 +156,7 @@ def test_a_producer_made_from_the_coordinator_reports_through_its_client(
     with PartitionedProducer.from_coordinator(
         producing, "payments", ["audit"], create_with=1, namespace=NAMESPACE
     ):
-        wait_for(lambda: bool(producing.lag(stream="payments")), "the producer's row")
+        wait_until(lambda: bool(producing.lag(stream="payments")), "the producer's row")
 
         (row,) = producing.lag(stream="payments")
         assert (row.namespace, row.stream, row.group, row.partition_index) == (

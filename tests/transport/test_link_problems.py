@@ -7,8 +7,6 @@ delivered" or "no demand to send". Two nodes on 127.0.0.1; every wait is bounded
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,17 +18,11 @@ from pykka_delivery import (
     Producer,
 )
 from pykka_delivery.transport import Node, NodeSettings
+from tests.harness import wait_until
 from tests.transport.test_node import Sink, free_port, start
 
 FAST = ConsumerControllerSettings(resend_interval_min=0.05, resend_interval_max=0.1)
 QUICK_DIAL = NodeSettings(connect_timeout=0.2, reconnect_backoff_min=0.05)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 class Collector:

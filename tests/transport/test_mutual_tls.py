@@ -5,8 +5,6 @@ trustme (tests/certs.py); every wait is bounded."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +15,12 @@ from pykka_delivery import Consumer, ConsumerControllerSettings, DeliveryTimeout
 from pykka_delivery.protocol import transport_pb2, transport_pb2_grpc
 from pykka_delivery.transport import Node, NodeSettings
 from tests.certs import TlsFiles, tls_files  # noqa: F401 - the fixture
+from tests.harness import wait_until
 from tests.transport.test_node import free_port, start
 
 WAIT = 10.0
 FAST = ConsumerControllerSettings(resend_interval_min=0.05, resend_interval_max=0.1)
 QUICK = {"connect_timeout": 1.0, "reconnect_backoff_min": 0.05, "reconnect_backoff_max": 0.2}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def round_trip(producer_node: Node, consumer_node: Node) -> list[object]:

@@ -13,8 +13,7 @@ actors' ``send_next_to`` / ``ask_next_to``. Every wait is bounded.
 from __future__ import annotations
 
 import datetime
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pykka
@@ -37,6 +36,7 @@ from pykka_delivery.delivery.registry import LocalServiceRegistry
 from pykka_delivery.protocol import SerializationError
 from pykka_delivery.transport import Node
 from tests.delivery.handles.flavours import Flavour, flavour
+from tests.harness import wait_until
 
 __all__ = ["flavour"]
 
@@ -81,13 +81,6 @@ def arrivals(consumer: Consumer, count: int) -> list[tuple[int, Any]]:
     return got
 
 
-def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
-        time.sleep(0.01)
-
-
 def assert_refused_for_datetime(error: SerializationError) -> None:
     assert NOT_JSON in str(error)
     assert "register a serializer" in str(error)
@@ -120,7 +113,7 @@ def test_a_message_refused_in_the_steady_state_leaves_no_hole_in_the_stream(
     producer, consumer = remote_pair(flavour, nodes)
     producer.send({"n": 1}, timeout=WAIT)
     assert arrivals(consumer, 1) == [(1, {"n": 1})]
-    eventually(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
+    wait_until(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
 
     with pytest.raises(SerializationError) as refused:
         producer.send(unencodable(), timeout=WAIT)
@@ -139,7 +132,7 @@ def test_send_many_with_one_bad_payload_sends_none_of_them(
     producer, consumer = remote_pair(flavour, nodes)
     producer.send({"n": 0}, timeout=WAIT)
     assert arrivals(consumer, 1) == [(1, {"n": 0})]
-    eventually(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
+    wait_until(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
 
     with pytest.raises(SerializationError) as refused:
         producer.send_many([{"n": 1}, unencodable(), {"n": 3}], timeout=WAIT)
@@ -162,7 +155,7 @@ def test_send_and_confirm_and_send_nowait_refuse_a_bad_payload_too(
         producer.send_and_confirm(unencodable(), timeout=WAIT)
     producer.send({"n": 1}, timeout=WAIT)
     assert arrivals(consumer, 1) == [(1, {"n": 1})]
-    eventually(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
+    wait_until(lambda: producer.snapshot().requested_seq_nr > 1, "the consumer's Request")
     with pytest.raises(SerializationError, match=NOT_JSON):
         producer.send_nowait(unencodable())
 
@@ -231,7 +224,7 @@ class _Inbox(pykka.ThreadingActor):
 
 
 def first_of(received: list[Any], kind: type, what: str) -> Any:
-    eventually(lambda: any(type(m) is kind for m in received), what)
+    wait_until(lambda: any(type(m) is kind for m in received), what)
     return next(m for m in received if type(m) is kind)
 
 

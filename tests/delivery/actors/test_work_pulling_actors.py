@@ -24,8 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pykka
@@ -51,6 +50,7 @@ from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerState
 from pykka_delivery.protocol.messages import Ref, Request, SequencedMessage
 from tests.actor_kit import BlockingProbe, Recorder, TapRef, TestConsumer, TestProducer
+from tests.harness import wait_until
 
 WINDOW = 20
 KEY = "worker"
@@ -102,23 +102,13 @@ def start_worker(
     return ref
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``condition`` until it holds (bounded; for state only an ask can read)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            msg = f"{what}: not within {timeout} s"
-            raise AssertionError(msg)
-        time.sleep(0.01)
-
-
 def number_of_workers(wppc: pykka.ActorRef[Any]) -> int:
     return int(wppc.proxy().worker_stats().get(timeout=5).number_of_workers)
 
 
 def await_workers(wppc: pykka.ActorRef[Any], count: int) -> None:
     """Akka's ``awaitWorkersRegistered``."""
-    wait_for(lambda: number_of_workers(wppc) == count, f"{count} workers registered")
+    wait_until(lambda: number_of_workers(wppc) == count, f"{count} workers registered")
 
 
 def test_two_workers_process_every_message_once_then_leave(
@@ -258,7 +248,7 @@ def test_durable_controller_started_again_on_its_queue_delivers_what_was_unconfi
     for n in (1, 2, 3):
         producer.expect_type(RequestNext).send_next_to.tell(f"msg-{n}")
     consumer1.expect_type(Delivery)
-    wait_for(lambda: len(queue.state.unconfirmed) == 3, "three messages stored")
+    wait_until(lambda: len(queue.state.unconfirmed) == 3, "three messages stored")
     wppc.stop(timeout=5)
     cc1.stop(timeout=5)
 
@@ -278,7 +268,7 @@ def test_durable_controller_started_again_on_its_queue_delivers_what_was_unconfi
         "msg-4",
     ]
     assert request_next.current_seq_nr == 7  # 1..3 stored first, then again as 4..6
-    wait_for(lambda: not queue.state.unconfirmed, "every message confirmed in the queue")
+    wait_until(lambda: not queue.state.unconfirmed, "every message confirmed in the queue")
 
 
 def test_durable_controller_stops_when_its_queue_keeps_failing(
@@ -302,7 +292,7 @@ def test_durable_controller_stops_when_its_queue_keeps_failing(
 
     producer.expect_type(RequestNext).send_next_to.tell("msg-1")
 
-    wait_for(lambda: not wppc.is_alive(), "the controller stopped")
+    wait_until(lambda: not wppc.is_alive(), "the controller stopped")
     assert queue.failures["store_message_sent"] == 3
     assert queue.state == DurableProducerState()
     assert "giving up" in caplog.text
@@ -341,7 +331,7 @@ def test_worker_consumer_controller_registers_while_it_runs(
 ) -> None:
     """A consumer controller with a service key is listed from its start to its stop."""
     cc = start_worker(actors, registry)
-    wait_for(lambda: registry.listing(KEY) == frozenset({cc}), "the worker listed")
+    wait_until(lambda: registry.listing(KEY) == frozenset({cc}), "the worker listed")
 
     cc.stop(timeout=5)
 

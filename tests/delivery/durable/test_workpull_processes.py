@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,6 +54,7 @@ from pykka_delivery.delivery.handles.work_pulling import WorkPullingProducer
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.transport import Node
 from tests.delivery.durable.workpull_procs import numbers_in, payload
+from tests.harness import wait_until
 from tests.transport.procs import Proc
 
 pytestmark = pytest.mark.slow
@@ -166,13 +166,6 @@ def workers(tmp_path: Path, run: Run) -> Iterator[Callable[[int, str], Proc]]:
     finally:
         for proc in started:
             proc.kill(timeout=10)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.01)
 
 
 def lines_in(paths: list[Path]) -> int:
@@ -290,14 +283,14 @@ def test_two_of_four_worker_processes_killed_and_one_added_lose_nothing(
     files = [tmp_path / f"worker-{i}.txt" for i in range(len(ROUTES) + 1)]
     side = side_kind(run)
     try:
-        wait_until(lambda: side.listed() == len(ROUTES), "four workers listed")
+        wait_until(lambda: side.listed() == len(ROUTES), "four workers listed", WAIT)
         side.start()
-        wait_until(lambda: lines_in(files) >= COUNT // 4, "a quarter processed")
+        wait_until(lambda: lines_in(files) >= COUNT // 4, "a quarter processed", WAIT)
         for i in KILLED:
             procs[i].kill()
         workers(len(ROUTES), ADDED_ROUTE).ready(WAIT)
         survivors = len(ROUTES) - len(KILLED) + 1
-        wait_until(lambda: side.listed() == survivors, "the killed gone, the new one listed")
+        wait_until(lambda: side.listed() == survivors, "the killed gone, the new one listed", WAIT)
         side.open_gate()
         stats = side.finish()
     finally:

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,6 +53,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
     MessageSent,
 )
 from pykka_delivery.delivery.timers import TimerService
+from tests.harness import wait_until
 
 KEY = "rows"
 WAIT = 10.0  # bound on every wait expected to succeed
@@ -94,13 +95,6 @@ class Handled:
         with self._changed:
             done = self._changed.wait_for(lambda: len(self.items) >= count, WAIT)
         assert done, f"{count} handled expected within {WAIT} s, got {len(self.items)}"
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT} s"
-        time.sleep(0.005)
 
 
 @pytest.fixture

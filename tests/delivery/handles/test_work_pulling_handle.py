@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,7 +57,7 @@ from pykka_delivery.delivery.stores.durable_queue import (
 )
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, WouldBlock
 from pykka_delivery.protocol.messages import Ack, Request, SequencedMessage
-from tests.harness import Probe
+from tests.harness import Probe, wait_until
 
 KEY = "worker"
 WINDOW = 20
@@ -502,10 +501,3 @@ def test_four_consumer_workers_one_leaving_mid_run_process_every_message_once(
     assert len(seen[0]) == 300
     stats = producer.statistics()
     assert (stats.accepted, stats.confirmed, stats.workers) == (4000, 4000, 0)
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT} s"
-        time.sleep(0.002)
