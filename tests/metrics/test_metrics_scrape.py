@@ -265,8 +265,22 @@ def test_a_scrape_shows_the_lag_reported_to_a_coordinator(
     assert value(samples, "pykka_delivery_lag_oldest_unconfirmed_age_seconds", **row) == 1.5
 
 
-def test_asyncio_handles_are_read_on_their_event_loop(endpoint: metrics.MetricsServer) -> None:
-    async def run() -> Samples:
+def test_asyncio_handles_are_read_on_their_event_loop(
+    endpoint: metrics.MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_on: list[asyncio.AbstractEventLoop | None] = []
+    statistics = AsyncProducer.statistics
+
+    def recording(self: AsyncProducer) -> Any:
+        try:
+            read_on.append(asyncio.get_running_loop())
+        except RuntimeError:  # read from a thread without a loop: the scrape's own
+            read_on.append(None)
+        return statistics(self)
+
+    monkeypatch.setattr(AsyncProducer, "statistics", recording)
+
+    async def run() -> tuple[Samples, asyncio.AbstractEventLoop]:
         producer = AsyncProducer("scrape-async")
         consumer = AsyncConsumer()
         consumer.register_to(producer.ref)
@@ -276,9 +290,12 @@ def test_asyncio_handles_are_read_on_their_event_loop(endpoint: metrics.MetricsS
         samples = await asyncio.to_thread(scrape, endpoint)  # the loop runs meanwhile
         consumer.close()
         producer.close()
-        return samples
+        return samples, asyncio.get_running_loop()
 
-    samples = asyncio.run(run())
+    samples, loop = asyncio.run(run())
+
+    assert read_on, "the producer's statistics were not read"
+    assert set(read_on) == {loop}, "read off the handle's loop"
 
     assert value(samples, "pykka_delivery_messages_sent_total", producer_id="scrape-async") == 5
     delivered = value(
