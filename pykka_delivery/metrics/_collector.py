@@ -119,7 +119,7 @@ class DeliveryCollector(Collector):
         for producer, producer_id, stats, snap in read_all(
             _observed.PRODUCER, _read_producer, timeout
         ):
-            sent, confirmed = snap.current_seq_nr - 1, snap.confirmed_seq_nr
+            sent, confirmed = snap.sent_seq_nr, snap.confirmed_seq_nr
             oldest = self._oldest.get(producer)
             if oldest is None:
                 oldest = self._oldest[producer] = OldestUnconfirmed()
@@ -221,11 +221,7 @@ def _add_producer(
             ("pykka_delivery_messages_lost_on_close", s.lost_on_close),
             ("pykka_delivery_producer_protocol_errors", s.rejected),
             ("pykka_delivery_producer_stuck", s.stuck),
-            # Numbered and not confirmed: current_seq_nr is the next number to give.
-            (
-                "pykka_delivery_producer_in_flight",
-                max(0, snap.current_seq_nr - 1 - snap.confirmed_seq_nr),
-            ),
+            ("pykka_delivery_producer_in_flight", snap.in_flight),
             (
                 "pykka_delivery_producer_window",
                 max(0, snap.requested_seq_nr - snap.confirmed_seq_nr),

@@ -56,7 +56,7 @@ class ProducerPositions:
             stream = partition_stream(self._stream, partition)
             for group, producer in zip(self._groups, row, strict=True):
                 snapshot = producer.snapshot()
-                sent, confirmed = snapshot.current_seq_nr - 1, snapshot.confirmed_seq_nr
+                sent, confirmed = snapshot.sent_seq_nr, snapshot.confirmed_seq_nr
                 oldest = self._oldest.setdefault(producer.producer_id, OldestUnconfirmed())
                 positions.append(
                     ProducerPosition(

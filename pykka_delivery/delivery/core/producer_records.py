@@ -53,6 +53,16 @@ class ProducerSnapshot:
     remaining_chunks: tuple[int, ...]
     pending_replies: tuple[int, ...]
 
+    @property
+    def sent_seq_nr(self) -> int:
+        """The last seq_nr numbered (``current_seq_nr`` is the next one to give)."""
+        return self.current_seq_nr - 1
+
+    @property
+    def in_flight(self) -> int:
+        """Messages numbered and not confirmed yet."""
+        return max(0, self.sent_seq_nr - self.confirmed_seq_nr)
+
     @classmethod
     def of(cls, core: ProducerCore) -> ProducerSnapshot:
         return cls(
