@@ -7,9 +7,10 @@ takes the seq_nr it would have had. A gate holds the check for the core's curren
 targets (its consumer side, or every worker of a work-pulling core) and its durable
 queue, aimed again whenever the targets change, and counts what it refused.
 
-The cores read ``check`` on their hot path and call `PayloadGate.refuse_one` only for a
-payload that needs the check (``type(payload) is not check.unchecked``), so an
-in-process stream pays one attribute read and a comparison per message.
+The cores read their copy of ``check`` on their hot path and hand it to
+`PayloadGate.refuse_one` only for a payload that needs the check (``type(payload) is not
+check.unchecked``), so an in-process stream pays one attribute read and a comparison per
+message.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ class PayloadGate:
         self.check = payload_check(*targets, *self._encoders) if self._enabled else None
         return self.check
 
-    def refuse_one(self, payload: object) -> None:
-        """`refuse` for one payload, when ``check`` is not None (the cores' per-message
-        path: no sequence built)."""
+    def refuse_one(self, check: PayloadCheck, payload: object) -> None:
+        """`refuse` for one payload with ``check``, the core's copy of the check in force
+        (the cores' per-message path: no sequence built, ``check`` read once)."""
         try:
-            self.check.check(payload)  # type: ignore[union-attr] # not None: see above
+            check.check(payload)
         except SerializationError as error:
             self._refused(error, "it")
             raise

@@ -314,7 +314,7 @@ class ProducerCore(ProducerControl):
             raise LocalProtocolError(no_demand_message(self, active=self.phase is _ACTIVE))
         check = self._check
         if check is not None and check is not checked and type(message) is not check.unchecked:
-            self.gate.refuse_one(message)
+            self.gate.refuse_one(check, message)
         current = self.current_seq_nr
         ack = reply_to is not None
         effects: list[Effect] = []
@@ -412,7 +412,7 @@ class ProducerCore(ProducerControl):
             return None
         check = self._check
         if check is not None and type(message) is not check.unchecked:
-            self.gate.refuse_one(message)
+            self.gate.refuse_one(check, message)
         seq_msg = new_sequenced_message(
             self.producer_id, current, message, False, False, self.self_ref
         )

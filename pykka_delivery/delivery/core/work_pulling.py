@@ -302,7 +302,7 @@ class WorkPullingCore(WorkPullingWorkers):
         """
         check = self._check
         if check is not None and check is not checked and type(message) is not check.unchecked:
-            self.gate.refuse_one(message)
+            self.gate.refuse_one(check, message)
         workers = self._workers_with_demand()
         if not self.requested and not workers and len(self.buffer) >= self.settings.buffer_size:
             self._rejected += 1
@@ -370,7 +370,7 @@ class WorkPullingCore(WorkPullingWorkers):
             return None
         check = self._check
         if check is not None and check is not checked and type(message) is not check.unchecked:
-            self.gate.refuse_one(message)
+            self.gate.refuse_one(check, message)
         worker = self._rng.choice(workers)
         core = worker.core
         out_seq_nr = core.current_seq_nr
