@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pykka_delivery import Consumer, ConsumerControllerSettings, Producer, SqliteDurableQueue
+from pykka_delivery.delivery.stores.durable_sqlite_inspect import inspect_sqlite_queue
 from tests.cli.commands import WAIT, assert_one_clear_line, run, run_json
 
 
@@ -125,3 +126,16 @@ def test_inspect_of_a_queue_of_a_newer_schema_is_refused_by_name(tmp_path: Path)
     done = run("queue", "inspect", str(path))
 
     assert_one_clear_line(done, str(path), "schema version 2", "newer version")
+
+
+def test_the_oldest_stamp_is_the_oldest_unconfirmed_messages_own(tmp_path: Path) -> None:
+    path = tmp_path / "queue.sqlite"
+    fill(path)
+    with sqlite3.connect(path) as conn:  # stamps far apart, the oldest not the first row read
+        conn.execute("UPDATE message_sent SET timestamp_millis = 1000 * (10 - seq_nr)")
+        conn.execute("UPDATE message_sent SET timestamp_millis = 5000 WHERE seq_nr = 3")
+    conn.close()
+
+    [producer] = inspect_sqlite_queue(path)
+
+    assert (producer.oldest_seq_nr, producer.oldest_timestamp_millis) == (3, 5000)

@@ -48,14 +48,14 @@ class QueuedProducer:
     oldest_timestamp_millis: int | None
 
 
+# With MIN(), SQLite takes the bare column m.timestamp_millis from the row holding the
+# minimum: the oldest message's stamp, in the same query.
 _PRODUCERS = """
 SELECT p.producer_id, p.current_seq_nr, p.highest_confirmed_seq_nr,
-       COUNT(m.seq_nr), COALESCE(SUM(LENGTH(m.data)), 0), MIN(m.seq_nr)
+       COUNT(m.seq_nr), COALESCE(SUM(LENGTH(m.data)), 0), MIN(m.seq_nr), m.timestamp_millis
 FROM producer AS p LEFT JOIN message_sent AS m ON m.producer_id = p.producer_id
 GROUP BY p.producer_id ORDER BY p.producer_id
 """
-
-_OLDEST = "SELECT timestamp_millis FROM message_sent WHERE producer_id = ? AND seq_nr = ?"
 
 
 def inspect_sqlite_queue(path: str | os.PathLike[str]) -> tuple[QueuedProducer, ...]:
@@ -106,12 +106,7 @@ def _read(conn: sqlite3.Connection, where: str) -> tuple[QueuedProducer, ...]:
             "SqliteDurableQueue writes"
         )
         raise DurableQueueError(msg)
-    producers = []
-    for producer_id, current, confirmed, count, size, oldest in conn.execute(_PRODUCERS):
-        stamp = None
-        if oldest is not None:
-            stamp = int(conn.execute(_OLDEST, (producer_id, oldest)).fetchone()[0])
-        producers.append(
-            QueuedProducer(producer_id, current, confirmed, count, size, oldest, stamp)
-        )
-    return tuple(producers)
+    return tuple(
+        QueuedProducer(producer_id, current, confirmed, count, size, oldest, stamp)
+        for producer_id, current, confirmed, count, size, oldest, stamp in conn.execute(_PRODUCERS)
+    )
