@@ -16,7 +16,7 @@ from pykka_delivery.delivery.core.settings import (
     ConsumerControllerSettings,
     ProducerControllerSettings,
 )
-from pykka_delivery.delivery.stores.dedup import SqliteDedupSettings
+from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings
 from pykka_delivery.delivery.stores.dedup_tx import transactional
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteQueueSettings
 from pykka_delivery.partitions.envelope import Key
@@ -101,7 +101,7 @@ class GroupDelivery:
     message: Any
     producer_id: str
     seq_nr: int
-    dedup_store: Any = field(default=None, compare=False, repr=False)
+    dedup_store: DedupStore | None = field(default=None, compare=False, repr=False)
 
     def transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """``with delivery.transaction(conn): apply(conn, delivery.message)``: the effect
