@@ -9,7 +9,8 @@
 * Nothing lost when a process dies: the durable producer queue (`SqliteDurableQueue`,
   `MemoryDurableQueue`), the consumer's deduplication store (`SqliteDedupStore`,
   `MemoryDedupStore`), dead letters for rejected messages (`SqliteDeadLetters`,
-  `ProducerDeadLetters`).
+  `ProducerDeadLetters`); their PostgreSQL twins (the ``[postgres]`` extra) are imported
+  from ``stores/*_postgres.py`` (docs/backends.md).
 * Work pulling: `WorkPullingProducerController` spreads a producer's messages over the
   workers registered under a service key (`LocalServiceRegistry` in one process).
 """

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pykka_delivery.coordinator.coordinated_consumer import ActivationInterval
+from pykka_delivery.delivery.stores.backends import is_postgres_url
 from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
 from pykka_delivery.partitions.catalog import producer_id
 from pykka_delivery.protocol.messages import Ref
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["DedupSource", "dedup_factory", "for_partition", "producer_ref"]
 
 DedupSource = str | os.PathLike[str] | Callable[[int], DedupStore]
-"""An SQLite file shared by the group's members, or a factory: partition -> a new store."""
+"""An SQLite file shared by the group's members, a ``postgresql://`` URL (a database
+shared by members on any host), or a factory: partition -> a new store."""
 
 
 def producer_ref(
@@ -39,12 +41,26 @@ def dedup_factory(
     group: str,
     p: int,
 ) -> Callable[[], DedupStore] | None:
-    """A new store per activation of partition ``p``, None without deduplication."""
+    """A new store per activation of partition ``p``, None without deduplication. A URL
+    opens a ``PostgresDedupStore`` with ``settings``' ``flush_every`` and ``lock_timeout``
+    (a factory gives it other settings)."""
     if source is None:
         return None
     if callable(source):
         return lambda: source(p)
     consumer_id = producer_id(stream, p, group)
+    if is_postgres_url(source):
+        from pykka_delivery.delivery.stores.dedup_postgres import (  # noqa: PLC0415
+            PostgresDedupSettings,  # the [postgres] extra, for a URL only
+            PostgresDedupStore,
+        )
+
+        sqlite = settings or SqliteDedupSettings()
+        shared = PostgresDedupSettings(
+            flush_every=sqlite.flush_every, lock_timeout=sqlite.lock_timeout
+        )
+        url = source
+        return lambda: PostgresDedupStore(url, consumer_id, shared)
     return lambda: SqliteDedupStore(source, consumer_id, settings)
 
 

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.stream_rules import name_problem
 from pykka_delivery.delivery.handles.producer import Producer
+from pykka_delivery.delivery.stores.backends import is_postgres_url
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.delivery.timers import TimerService
@@ -99,7 +100,8 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.partitions")
 
 DurableQueueSource = str | os.PathLike[str] | Callable[[str], DurableProducerQueue]
-"""An SQLite file for every (group, partition) queue, or a factory: producer id -> queue."""
+"""An SQLite file for every (group, partition) queue, a ``postgresql://`` URL (one database
+for them), or a factory: producer id -> queue."""
 
 
 class PartitionedProducer:
@@ -119,9 +121,11 @@ class PartitionedProducer:
             are reached in this process only, through `ref`.
         settings: see `PartitionedProducerSettings`.
         durable_queue: a path: one SQLite file holding every (group, partition) queue
-            (producer ids keep them apart), opened here and closed by `close`; or a
-            factory called with each producer id, whose queues the caller owns. None
-            (the default): no durable queue.
+            (producer ids keep them apart), opened here and closed by `close`; a
+            ``postgresql://`` URL: the same in a PostgreSQL database
+            (``PostgresDurableQueue``, one pool per queue, default settings); or a factory
+            called with each producer id, whose queues the caller owns. None (the
+            default): no durable queue.
         serialization: writes each message inside its `KeyedMessage` (and the durable
             queues' payloads); default `default_serialization`.
         timer_service: for the producers' timers; default the process-wide one.
@@ -495,9 +499,17 @@ class PartitionedProducer:
             return None
         if callable(source):
             return source(pid)
-        queue = SqliteDurableQueue(
-            source, pid, self.settings.durable_queue, serialization=self._serialization
-        )
+        queue: DurableProducerQueue
+        if is_postgres_url(source):
+            from pykka_delivery.delivery.stores.durable_postgres import (  # noqa: PLC0415
+                PostgresDurableQueue,  # the [postgres] extra, for a URL only
+            )
+
+            queue = PostgresDurableQueue(source, pid, serialization=self._serialization)
+        else:
+            queue = SqliteDurableQueue(
+                source, pid, self.settings.durable_queue, serialization=self._serialization
+            )
         self._owned_queues.append(queue)
         return queue
 

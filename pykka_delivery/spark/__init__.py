@@ -5,7 +5,9 @@ source under the data source name ``"pykka-delivery"`` (install the ``[spark]`` 
   the data source (`pykka_delivery.spark.driver`).
 * ``df.write.format("pykka-delivery")`` / ``writeStream``: every task delivers its rows to
   the workers of a service key (`pykka_delivery.spark.sink`); consumer services receive
-  them with a `SinkWorker` and apply each row once with a `SqliteRowLedger`.
+  them with a `SinkWorker` and apply each row once with a `SqliteRowLedger` (one file per
+  host) or a ``PostgresRowLedger`` (``pykka_delivery.spark.ledger_postgres``, the
+  ``[postgres]`` extra: one database for the workers of every host).
 * ``spark.readStream.format("pykka-delivery")``: partitioned streams of producer services
   feed a Structured Streaming query through durable partition logs
   (`pykka_delivery.spark.source`).
@@ -15,7 +17,7 @@ Consumer services import `SinkWorker`, `SinkRows` and `SqliteRowLedger` without 
 """
 
 from pykka_delivery.spark.driver import CONF_KEY, CoordinatorInDriver, coordinator_in_driver
-from pykka_delivery.spark.ledger import SqliteRowLedger
+from pykka_delivery.spark.ledger import RowLedger, SqliteRowLedger
 from pykka_delivery.spark.log import LogRecord, PartitionLog, read_log
 from pykka_delivery.spark.rows import SinkRows, SparkRows
 from pykka_delivery.spark.worker import SinkWorker, SinkWorkerStats
@@ -25,6 +27,7 @@ __all__ = [
     "CoordinatorInDriver",
     "LogRecord",
     "PartitionLog",
+    "RowLedger",
     "SinkRows",
     "SinkWorker",
     "SinkWorkerStats",

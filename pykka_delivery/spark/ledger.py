@@ -22,11 +22,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from pykka_delivery import _sqlite
 from pykka_delivery.errors import ClosedError, DeliveryError
 
-__all__ = ["LedgerError", "SqliteRowLedger"]
+__all__ = ["Key", "LedgerError", "RowLedger", "SqliteRowLedger", "check_key"]
 
 SCHEMA_COMPONENT = "row_ledger"
 SCHEMA_VERSION = 1
@@ -52,8 +53,25 @@ Key = tuple[str, int]
 
 
 class LedgerError(DeliveryError):
-    """A row ledger cannot be opened or written; the message names the file, the cause and
-    the fix."""
+    """A row ledger cannot be opened or written; the message names the file (or the
+    database), the cause and the fix."""
+
+
+@runtime_checkable
+class RowLedger(Protocol):
+    """What a `SinkWorker` needs of a ledger: `SqliteRowLedger` (one file per host) and
+    ``PostgresRowLedger`` (ledger_postgres.py: one database for every host)."""
+
+    def apply_many(
+        self, items: Sequence[Key], effect: Callable[[Any, list[Key]], None] | None = None
+    ) -> list[Key]:
+        """Record the new keys and run ``effect(connection, new_keys)`` in the same
+        transaction; return the new keys."""
+        ...
+
+    def close(self) -> None:
+        """Release the ledger."""
+        ...
 
 
 class SqliteRowLedger:
@@ -161,7 +179,7 @@ class SqliteRowLedger:
             ValueError: a bad key.
             ClosedError: the ledger was closed.
         """
-        _check_key((producer_id, row))
+        check_key((producer_id, row))
 
         def run(conn: sqlite3.Connection, new: list[Key]) -> None:
             if effect is not None:
@@ -178,7 +196,7 @@ class SqliteRowLedger:
         (in the order given, each once), and calls ``effect(connection, new_keys)`` with
         them; when none is new, ``effect`` is not called."""
         for key in items:
-            _check_key(key)
+            check_key(key)
         return self._apply(items, effect)
 
     def _apply(
@@ -235,7 +253,7 @@ class SqliteRowLedger:
 
     def seen(self, producer_id: str, row: int) -> bool:
         """True if row ``row`` of ``producer_id`` was applied (by any process)."""
-        _check_key((producer_id, row))
+        check_key((producer_id, row))
         with self._lock:
             conn = self._connection()
             try:
@@ -280,7 +298,8 @@ class SqliteRowLedger:
                     c.close()
 
 
-def _check_key(key: Key) -> None:
+def check_key(key: Key) -> None:
+    """Raise `ValueError` naming ``key`` unless it is (non-empty str, int >= 0)."""
     match key:
         case (str() as producer_id, int() as row) if producer_id and row >= 0:
             if type(row) is int:

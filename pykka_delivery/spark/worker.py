@@ -11,24 +11,27 @@ left unconfirmed when it died go to another worker. With a `SqliteRowLedger` (on
 shared by the workers of a host) the handler gets only rows never applied before, inside
 the ledger's transaction (its ``connection`` argument): what it writes to that database
 and the mark that the rows were applied commit together, so a row is applied once even
-when a worker dies between the two. Without a ledger, delivery is at least once.
+when a worker dies between the two. A `PostgresRowLedger` (a ``postgresql://`` URL) does
+the same for the workers of every host: a retried task's rows are recognised whichever
+host receives them. Without a ledger, delivery is at least once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.service_registry import CoordinatorServiceRegistry
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.fan_in import FanInConsumer, FanInSettings
 from pykka_delivery.delivery.messages import Delivery
-from pykka_delivery.spark.ledger import SqliteRowLedger
+from pykka_delivery.delivery.stores.backends import backend_of
+from pykka_delivery.spark.ledger import RowLedger, SqliteRowLedger
 from pykka_delivery.spark.rows import SinkRows
 from pykka_delivery.transport import Node
 
@@ -36,7 +39,10 @@ __all__ = ["SINK_WORKER_SETTINGS", "SinkWorker", "SinkWorkerStats"]
 
 logger = logging.getLogger("pykka_delivery.spark")
 
-RowsHandler = Callable[[SinkRows, sqlite3.Connection | None], None]
+RowsHandler = Callable[[SinkRows, Any], None]
+"""Called with a message's rows and the ledger's connection in its transaction: an
+`sqlite3.Connection` (`SqliteRowLedger`), a `psycopg.Connection` (`PostgresRowLedger`),
+or None without a ledger."""
 
 SINK_WORKER_SETTINGS = FanInSettings(
     consumer=ConsumerControllerSettings(flow_control_window=500, resend_interval_min=0.1)
@@ -90,8 +96,9 @@ class SinkWorker:
             ledger) and the ledger's connection inside its transaction (None without a
             ledger). An exception rolls the transaction back; the message is handed over
             again after a backoff (see `FanInSettings`).
-        ledger: a `SqliteRowLedger`, or the path of one this worker opens and closes;
-            None: no deduplication (at least once).
+        ledger: a `SqliteRowLedger` or a `PostgresRowLedger`; or the path of an SQLite
+            file, or a ``postgresql://`` URL, of one this worker opens and closes (the
+            URL needs the ``[postgres]`` extra); None: no deduplication (at least once).
         namespace: the service directory's namespace (the sink's ``namespace`` option).
         settings: see `FanInSettings` (windows, idle timeout, handler retries). Default:
             `SINK_WORKER_SETTINGS`.
@@ -105,18 +112,14 @@ class SinkWorker:
         service_key: str,
         handler: RowsHandler,
         *,
-        ledger: SqliteRowLedger | str | os.PathLike[str] | None = None,
+        ledger: RowLedger | str | os.PathLike[str] | None = None,
         namespace: str = "",
         settings: FanInSettings | None = None,
         name: str | None = None,
     ) -> None:
         self._handler = handler
-        self._owns_ledger = ledger is not None and not isinstance(ledger, SqliteRowLedger)
-        self.ledger = (
-            ledger
-            if ledger is None or isinstance(ledger, SqliteRowLedger)
-            else SqliteRowLedger(ledger)
-        )
+        self._owns_ledger = isinstance(ledger, str | os.PathLike)
+        self.ledger = _open_ledger(ledger)
         self._lock = threading.Lock()
         self._messages = self._rows = self._duplicates = 0
         self._producers: set[str] = set()
@@ -140,7 +143,7 @@ class SinkWorker:
         else:
             handler = self._handler
 
-            def effect(conn: sqlite3.Connection, new: list[tuple[str, int]]) -> None:
+            def effect(conn: Any, new: list[tuple[str, int]]) -> None:
                 if new:
                     fresh = {row for _, row in new}
                     kept = [r for i, r in enumerate(rows.rows) if rows.first_row + i in fresh]
@@ -174,3 +177,26 @@ class SinkWorker:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _open_ledger(given: RowLedger | str | os.PathLike[str] | None) -> RowLedger | None:
+    """The ledger ``given`` stands for (backends.py): a URL or a path opens one."""
+    if given is None:
+        return None
+    backend = backend_of(given)
+    if backend == "postgres":
+        from pykka_delivery.spark.ledger_postgres import (  # noqa: PLC0415
+            PostgresRowLedger,  # the [postgres] extra, for a URL only
+        )
+
+        return PostgresRowLedger(given)
+    if backend == "sqlite":
+        assert isinstance(given, str | os.PathLike)
+        return SqliteRowLedger(given)
+    if not isinstance(given, RowLedger):
+        msg = (
+            f"ledger must be a SqliteRowLedger or a PostgresRowLedger, the path of an SQLite "
+            f"file, a postgresql:// URL, or None; got {type(given).__name__}"
+        )
+        raise TypeError(msg)
+    return given

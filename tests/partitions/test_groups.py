@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pykka_delivery import (
@@ -40,7 +41,14 @@ from pykka_delivery.coordinator import (
 )
 from pykka_delivery.delivery.core.consumer import ConsumerCore
 from pykka_delivery.delivery.messages import Confirmed, Delivery, ProducerStart, RequestNext
-from pykka_delivery.delivery.stores.dedup import DedupStoreError, MemoryDedupStore, SqliteDedupStore
+from pykka_delivery.delivery.stores.dedup import (
+    DedupStore,
+    DedupStoreError,
+    MemoryDedupStore,
+    SqliteDedupSettings,
+    SqliteDedupStore,
+)
+from pykka_delivery.delivery.stores.dedup_postgres import PostgresDedupStore
 from pykka_delivery.partitions import (
     KEYED_MESSAGE_NAME,
     GroupDelivery,
@@ -53,6 +61,7 @@ from pykka_delivery.partitions import (
     partition_stream,
     producer_id,
 )
+from pykka_delivery.partitions._member_parts import dedup_factory
 from pykka_delivery.partitions.envelope import unwrap, wrap
 from pykka_delivery.protocol.messages import (
     Ack,
@@ -441,13 +450,30 @@ def test_a_producer_and_a_member_take_partitions_and_groups_from_the_config() ->
         )
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a member's or a producer's stores live: an SQLite file's path, or the
+    ``postgresql://`` URL of a database."""
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return tmp_path / "stores.db"
+
+
+def dedup_store(where: Path | str, consumer_id: str) -> DedupStore:
+    if isinstance(where, str):
+        return PostgresDedupStore(where, consumer_id)
+    return SqliteDedupStore(where, consumer_id)
+
+
 def test_a_restarted_producer_resends_from_its_durable_queue_what_no_group_confirmed(
-    tmp_path: Path,
+    where: Path | str,
 ) -> None:
     """DurableProducerControllerSpec "load initial state and resend unconfirmed", for
-    every (group, partition) queue in one SQLite file: what the consumers confirmed is
-    not sent again, the rest is, with the same seq_nrs, and numbering continues."""
-    path = tmp_path / "queues.db"
+    every (group, partition) queue in one SQLite file or PostgreSQL database: what the
+    consumers confirmed is not sent again, the rest is, with the same seq_nrs, and
+    numbering continues."""
+    path = where
     groups = ["billing", "audit"]
     first = PartitionedProducer(STREAM, 2, groups, durable_queue=path, start=0)
     consumers = plain_consumers(first)
@@ -802,16 +828,45 @@ def test_a_first_message_past_the_one_asked_for_restarts_a_resending_consumer() 
     assert (delivery.seq_nr, delivery.message) == (4, "m4")
 
 
-def test_with_a_dedup_store_messages_at_or_below_the_stored_position_are_not_handled(
-    world: World, tmp_path: Path
+def test_a_postgresql_url_keeps_every_queue_of_the_producer_in_that_database(
+    postgres_url: str,
 ) -> None:
-    """The group's progress on a partition is the store's position for its producer id:
-    a new member continues after it. A stream that restarts below it (here from seq_nr 1)
-    is confirmed without being handled, and the position is never moved back."""
-    path = tmp_path / "dedup.db"
+    producer = PartitionedProducer(STREAM, 2, ["billing", "audit"], durable_queue=postgres_url)
+    producer.close()
+
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute("SELECT producer_id FROM durable_producer ORDER BY 1").fetchall()
+    assert [pid for (pid,) in rows] == sorted(
+        producer_id(STREAM, p, g) for p in (0, 1) for g in ("billing", "audit")
+    )
+
+
+def test_a_postgresql_url_dedup_store_takes_the_members_flush_every_and_lock_timeout(
+    postgres_url: str,
+) -> None:
+    settings = SqliteDedupSettings(flush_every=1, lock_timeout=0.5)
+
+    make = dedup_factory(postgres_url, settings, STREAM, "billing", 1)
+    assert make is not None
+    store = make()
+
+    assert isinstance(store, PostgresDedupStore)
+    assert store.consumer_id == producer_id(STREAM, 1, "billing")
+    assert (store.settings.flush_every, store.settings.lock_timeout) == (1, 0.5)
+    store.close()
+
+
+def test_with_a_dedup_store_messages_at_or_below_the_stored_position_are_not_handled(
+    world: World, where: Path | str
+) -> None:
+    """The group's progress on a partition is the store's position for its producer id
+    (in an SQLite file or a PostgreSQL database): a new member continues after it. A
+    stream that restarts below it (here from seq_nr 1) is confirmed without being
+    handled, and the position is never moved back."""
+    path = where
     for partition, position in ((0, 5), (1, 50)):
         pid = producer_id(STREAM, partition, "billing")
-        store = SqliteDedupStore(path, pid)
+        store = dedup_store(path, pid)
         store.record(pid, position)
         store.close()
     producer = world.producer(2, ["billing"], start=0)
@@ -829,7 +884,7 @@ def test_with_a_dedup_store_messages_at_or_below_the_stored_position_are_not_han
     positions = {}
     for partition in (0, 1):
         pid = producer_id(STREAM, partition, "billing")
-        store = SqliteDedupStore(path, pid)
+        store = dedup_store(path, pid)
         positions[partition] = store.load()[pid]
         store.close()
     assert positions == {0: 10, 1: 50}

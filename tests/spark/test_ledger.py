@@ -1,9 +1,10 @@
-"""The sink's row ledger (`SqliteRowLedger`), without Spark.
+"""The sink's row ledgers (`SqliteRowLedger`, `PostgresRowLedger`), without Spark.
 
 Akka has no such ledger (it is the Spark sink's exactly-once effect on the worker side), so
-these are not ports of original tests. What they hold it to: a (producer id, row) applied
+these are not ports of original tests. What they hold both to: a (producer id, row) applied
 once, its effect in the same transaction as its mark, batches that apply only their new
-rows, and worker processes sharing one file that together apply every row exactly once.
+rows, and worker processes on ledgers of their own (one file, or one database as from
+several hosts) that together apply every row exactly once. Then what only SQLite does.
 """
 
 from __future__ import annotations
@@ -18,14 +19,54 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.spark.ledger import LedgerError, SqliteRowLedger
+from pykka_delivery.spark.ledger_postgres import PostgresRowLedger
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 60.0
 APP_TABLE = "CREATE TABLE IF NOT EXISTS effects (producer_id TEXT, row INTEGER, worker TEXT)"
+
+Ledger = SqliteRowLedger | PostgresRowLedger
+
+
+def insert(conn: Any, rows: list[tuple[Any, ...]]) -> None:
+    """Write ``rows`` into the application's table ``effects``, in either dialect."""
+    if isinstance(conn, sqlite3.Connection):
+        conn.executemany("INSERT INTO effects VALUES (?, ?, ?)", rows)
+    else:
+        conn.cursor().executemany("INSERT INTO effects VALUES (%s, %s, %s)", rows)
+
+
+class Backend:
+    """Where the ledger of a test lives: an SQLite file, or a PostgreSQL database."""
+
+    def __init__(self, kind: str, path: Path, url: str) -> None:
+        self.kind = kind
+        self.where = url if kind == "postgres" else str(path)
+
+    def open(self) -> Ledger:
+        if self.kind == "postgres":
+            return PostgresRowLedger(self.where)
+        return SqliteRowLedger(self.where)
+
+    def set_schema_version(self, version: int) -> None:
+        if self.kind == "postgres":
+            with psycopg.connect(self.where) as pg:
+                pg.execute(
+                    "UPDATE schema_versions SET version = %s WHERE component = 'row_ledger'",
+                    (version,),
+                )
+            return
+        with sqlite3.connect(self.where) as conn:
+            conn.execute(
+                "UPDATE schema_version SET version = ? WHERE component = 'row_ledger'",
+                (version,),
+            )
+        conn.close()
 
 
 @pytest.fixture
@@ -33,27 +74,33 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "ledger.sqlite"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, path: Path) -> Backend:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
+    return Backend(request.param, path, url)
+
+
 @pytest.fixture
-def ledger(path: Path) -> Iterator[SqliteRowLedger]:
-    opened = SqliteRowLedger(path)
+def ledger(backend: Backend) -> Iterator[Ledger]:
+    opened = backend.open()
     opened.connection().execute(APP_TABLE)
     yield opened
     opened.close()
 
 
-def effects(ledger: SqliteRowLedger) -> list[tuple[str, int]]:
+def effects(ledger: Ledger) -> list[tuple[str, int]]:
     rows = ledger.connection().execute("SELECT producer_id, row FROM effects ORDER BY 1, 2")
     return [(p, r) for p, r in rows]
 
 
 def write_effect(producer_id: str, row: int) -> Any:
-    def effect(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO effects VALUES (?, ?, 'test')", (producer_id, row))
+    def effect(conn: Any) -> None:
+        insert(conn, [(producer_id, row, "test")])
 
     return effect
 
 
-def test_apply_is_true_once_then_false_and_runs_the_effect_once(ledger: SqliteRowLedger) -> None:
+def test_apply_is_true_once_then_false_and_runs_the_effect_once(ledger: Ledger) -> None:
     assert ledger.apply("task-1", 0, write_effect("task-1", 0)) is True
     assert ledger.apply("task-1", 0, write_effect("task-1", 0)) is False
 
@@ -64,7 +111,7 @@ def test_apply_is_true_once_then_false_and_runs_the_effect_once(ledger: SqliteRo
     assert ledger.count() == 1
 
 
-def test_apply_without_an_effect_only_records(ledger: SqliteRowLedger) -> None:
+def test_apply_without_an_effect_only_records(ledger: Ledger) -> None:
     assert ledger.apply("task-1", 3) is True
     assert ledger.apply("task-1", 3) is False
 
@@ -73,9 +120,9 @@ def test_apply_without_an_effect_only_records(ledger: SqliteRowLedger) -> None:
 
 
 def test_an_effect_that_raises_rolls_back_its_writes_and_records_nothing(
-    ledger: SqliteRowLedger,
+    ledger: Ledger,
 ) -> None:
-    def failing(conn: sqlite3.Connection) -> None:
+    def failing(conn: Any) -> None:
         conn.execute("INSERT INTO effects VALUES ('task-1', 0, 'failing')")
         raise RuntimeError("the application failed")
 
@@ -90,18 +137,20 @@ def test_an_effect_that_raises_rolls_back_its_writes_and_records_nothing(
     assert effects(ledger) == [("task-1", 0)]
 
 
-def test_an_sql_error_of_the_effect_propagates_as_it_is(ledger: SqliteRowLedger) -> None:
-    def bad_sql(conn: sqlite3.Connection) -> None:
+def test_an_sql_error_of_the_effect_propagates_as_it_is(ledger: Ledger) -> None:
+    def bad_sql(conn: Any) -> None:
         conn.execute("INSERT INTO no_such_table VALUES (1)")
 
-    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+    expected = (sqlite3.OperationalError, psycopg.errors.UndefinedTable)
+    with pytest.raises(expected, match=r"no_such_table|no such table"):
         ledger.apply("task-1", 0, bad_sql)
 
     assert ledger.count() == 0
+    assert ledger.apply("task-1", 0) is True  # the connection is usable again
 
 
-def test_an_effect_that_commits_itself_is_reported(ledger: SqliteRowLedger) -> None:
-    def committing(conn: sqlite3.Connection) -> None:
+def test_an_effect_that_commits_itself_is_reported(ledger: Ledger) -> None:
+    def committing(conn: Any) -> None:
         conn.execute("COMMIT")
 
     with pytest.raises(LedgerError, match="the effect ended the ledger's transaction"):
@@ -109,14 +158,14 @@ def test_an_effect_that_commits_itself_is_reported(ledger: SqliteRowLedger) -> N
 
 
 def test_apply_many_returns_only_the_new_keys_and_gives_only_them_to_the_effect(
-    ledger: SqliteRowLedger,
+    ledger: Ledger,
 ) -> None:
     ledger.apply("task-1", 1)
     given: list[list[tuple[str, int]]] = []
 
-    def effect(conn: sqlite3.Connection, new: list[tuple[str, int]]) -> None:
+    def effect(conn: Any, new: list[tuple[str, int]]) -> None:
         given.append(new)
-        conn.executemany("INSERT INTO effects VALUES (?, ?, 'batch')", new)
+        insert(conn, [(*key, "batch") for key in new])
 
     keys = [("task-1", 0), ("task-1", 1), ("task-1", 2), ("task-2", 1), ("task-1", 2)]
     new = ledger.apply_many(keys, effect)
@@ -127,7 +176,7 @@ def test_apply_many_returns_only_the_new_keys_and_gives_only_them_to_the_effect(
     assert ledger.count() == 4
 
 
-def test_apply_many_of_duplicates_only_does_not_call_the_effect(ledger: SqliteRowLedger) -> None:
+def test_apply_many_of_duplicates_only_does_not_call_the_effect(ledger: Ledger) -> None:
     ledger.apply_many([("task-1", 0), ("task-1", 1)])
     calls: list[object] = []
 
@@ -138,10 +187,10 @@ def test_apply_many_of_duplicates_only_does_not_call_the_effect(ledger: SqliteRo
 
 
 def test_apply_many_whose_effect_raises_records_none_of_the_batch(
-    ledger: SqliteRowLedger,
+    ledger: Ledger,
 ) -> None:
-    def failing(conn: sqlite3.Connection, new: list[tuple[str, int]]) -> None:
-        conn.executemany("INSERT INTO effects VALUES (?, ?, 'batch')", new)
+    def failing(conn: Any, new: list[tuple[str, int]]) -> None:
+        insert(conn, [(*key, "batch") for key in new])
         raise ValueError("bad row")
 
     with pytest.raises(ValueError, match="bad row"):
@@ -152,19 +201,19 @@ def test_apply_many_whose_effect_raises_records_none_of_the_batch(
 
 
 @pytest.mark.parametrize("key", [("", 0), ("task-1", -1), ("task-1", True), (1, 0), ("t",)])
-def test_bad_keys_are_refused_naming_them(ledger: SqliteRowLedger, key: Any) -> None:
+def test_bad_keys_are_refused_naming_them(ledger: Ledger, key: Any) -> None:
     with pytest.raises(ValueError, match="a row key must be"):
         ledger.apply_many([("task-1", 0), key])
 
     assert ledger.count() == 0
 
 
-def test_applied_rows_survive_reopening(path: Path) -> None:
-    ledger = SqliteRowLedger(path)
+def test_applied_rows_survive_reopening(backend: Backend) -> None:
+    ledger = backend.open()
     ledger.apply_many([("task-1", 0), ("task-1", 1)])
     ledger.close()
 
-    reopened = SqliteRowLedger(path)
+    reopened = backend.open()
     try:
         assert reopened.apply_many([("task-1", 1), ("task-1", 2)]) == [("task-1", 2)]
         assert reopened.count() == 3
@@ -172,7 +221,7 @@ def test_applied_rows_survive_reopening(path: Path) -> None:
         reopened.close()
 
 
-def test_threads_sharing_one_ledger_apply_each_key_once(ledger: SqliteRowLedger) -> None:
+def test_threads_sharing_one_ledger_apply_each_key_once(ledger: Ledger) -> None:
     applied: list[tuple[str, int]] = []
     lock = threading.Lock()
 
@@ -195,21 +244,24 @@ def test_threads_sharing_one_ledger_apply_each_key_once(ledger: SqliteRowLedger)
 
 _WORKER = """
     import sys
+    from pykka_delivery.delivery.stores.backends import is_postgres_url
     from pykka_delivery.spark.ledger import SqliteRowLedger
-    path, name, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    ledger = SqliteRowLedger(path)
-    ledger.connection().execute(
-        "CREATE TABLE IF NOT EXISTS effects (producer_id TEXT, row INTEGER, worker TEXT)"
-    )
+    from tests.spark.test_ledger import insert
+    where, name, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if is_postgres_url(where):  # a ledger of its own, as on another host
+        from pykka_delivery.spark.ledger_postgres import PostgresRowLedger
+        ledger = PostgresRowLedger(where)
+    else:
+        ledger = SqliteRowLedger(where)
     applied = 0
     for start in range(first, last, 5):
         keys = [("task-%d" % (r % 3), r) for r in range(start, min(start + 5, last))]
         def effect(conn, new):
-            conn.executemany("INSERT INTO effects VALUES (?, ?, ?)", [(*k, name) for k in new])
+            insert(conn, [(*k, name) for k in new])
         applied += len(ledger.apply_many(keys, effect))
         for p, r in keys:  # and one at a time, resent
             def single(conn, p=p, r=r):
-                conn.execute("INSERT INTO effects VALUES (?, ?, ?)", (p, r, name))
+                insert(conn, [(p, r, name)])
             applied += ledger.apply(p, r, single)
     ledger.close()
     print(applied)
@@ -217,14 +269,14 @@ _WORKER = """
 
 
 def test_two_processes_applying_overlapping_keys_apply_every_key_exactly_once(
-    path: Path,
+    backend: Backend, ledger: Ledger
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = textwrap.dedent(_WORKER)
     ranges = [(0, 300), (100, 400), (0, 400)]
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(path), f"w{i}", str(a), str(b)],
+            [sys.executable, "-c", script, backend.where, f"w{i}", str(a), str(b)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -242,36 +294,51 @@ def test_two_processes_applying_overlapping_keys_apply_every_key_exactly_once(
 
     assert [w.returncode for w in workers] == [0, 0, 0], [err for _, err in outputs]
     assert sum(int(out) for out, _ in outputs) == 400
+    assert ledger.count() == 400
+    assert effects(ledger) == sorted((f"task-{r % 3}", r) for r in range(400))
+
+
+def test_a_database_of_a_newer_schema_is_refused(backend: Backend) -> None:
+    backend.open().close()
+    backend.set_schema_version(99)
+
+    with pytest.raises(LedgerError, match="schema version 99, this version of pykka-delivery"):
+        backend.open()
+
+
+def test_close_then_every_call_raises_closed_error(ledger: Ledger) -> None:
+    ledger.close()
+    ledger.close()  # harmless
+
+    for call in (
+        lambda: ledger.apply("task-1", 0),
+        lambda: ledger.apply_many([("task-1", 0)]),
+        lambda: ledger.seen("task-1", 0),
+        ledger.count,
+        ledger.connection,
+    ):
+        with pytest.raises(ClosedError, match="was closed"):
+            call()
+
+
+# --- SQLite only ------------------------------------------------------------------------------
+
+
+def test_the_ledger_shares_its_file_with_the_applications_tables(path: Path) -> None:
     ledger = SqliteRowLedger(path)
-    try:
-        assert ledger.count() == 400
-        assert effects(ledger) == sorted((f"task-{r % 3}", r) for r in range(400))
-    finally:
-        ledger.close()
-
-
-def test_the_ledger_shares_its_file_with_the_applications_tables(ledger: SqliteRowLedger) -> None:
+    ledger.connection().execute(APP_TABLE)
     ledger.apply("task-1", 0, write_effect("task-1", 0))
 
     tables = {name for (name,) in ledger.connection().execute("SELECT name FROM sqlite_master")}
 
     assert {"effects", "row_ledger", "schema_version"} <= tables
+    ledger.close()
 
 
 def test_file_that_is_no_database_is_refused_naming_the_fix(path: Path) -> None:
     path.write_bytes(b"this is not sqlite" * 100)
 
     with pytest.raises(LedgerError, match=r"not an SQLite database or is corrupt: restore it"):
-        SqliteRowLedger(path)
-
-
-def test_file_of_a_newer_schema_is_refused(ledger: SqliteRowLedger, path: Path) -> None:
-    ledger.close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE schema_version SET version = 99 WHERE component = 'row_ledger'")
-    conn.close()
-
-    with pytest.raises(LedgerError, match="schema version 99, this version of pykka-delivery"):
         SqliteRowLedger(path)
 
 
@@ -306,16 +373,44 @@ def test_settings_are_validated_naming_the_setting(
         SqliteRowLedger(path, **bad)
 
 
-def test_close_then_every_call_raises_closed_error(ledger: SqliteRowLedger) -> None:
-    ledger.close()
-    ledger.close()  # harmless
+# --- PostgreSQL only --------------------------------------------------------------------------
 
-    for call in (
-        lambda: ledger.apply("task-1", 0),
-        lambda: ledger.apply_many([("task-1", 0)]),
-        lambda: ledger.seen("task-1", 0),
-        ledger.count,
-        ledger.connection,
-    ):
-        with pytest.raises(ClosedError, match="was closed"):
-            call()
+
+def test_postgres_ledger_given_one_connection_uses_it_and_leaves_it_open(
+    postgres_url: str,
+) -> None:
+    conn: psycopg.Connection[Any] = psycopg.connect(postgres_url, autocommit=True)
+    conn.execute(APP_TABLE)
+    try:
+        ledger = PostgresRowLedger(conn)
+        assert ledger.apply("task-1", 0, write_effect("task-1", 0)) is True
+        assert ledger.apply("task-1", 0, write_effect("task-1", 0)) is False
+        with pytest.raises(LedgerError, match="read the application's tables with a connection"):
+            ledger.connection()
+        ledger.close()
+
+        assert not conn.closed
+        assert conn.execute("SELECT producer_id, row FROM effects").fetchall() == [("task-1", 0)]
+    finally:
+        conn.close()
+
+
+def test_postgres_ledger_that_cannot_reach_its_server_fails_naming_it(tmp_path: Path) -> None:
+    url = f"postgresql://nobody@/none?host={tmp_path}"
+
+    with pytest.raises(LedgerError, match=r"cannot connect to .* within 0\.5 s"):
+        PostgresRowLedger(url, connect_timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"pool_max_size": 0}, "pool_max_size must be an int from 1 to 1000"),
+        ({"connect_timeout": -1.0}, "connect_timeout must be finite seconds >= 0"),
+    ],
+)
+def test_postgres_settings_are_validated_naming_the_setting(
+    bad: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        PostgresRowLedger("postgresql://nobody@/none", **bad)

@@ -16,6 +16,8 @@ Destinations:
 
 * `SqliteDeadLetters`: the default, a table in an SQLite file (WAL), listable and
   deletable, so an operator can inspect and replay what failed.
+* ``PostgresDeadLetters`` (dead_letters_postgres.py, the ``[postgres]`` extra): the same
+  in a PostgreSQL table, reachable from every host.
 * `ProducerDeadLetters`: send each letter on through a `Producer` handle, as a
   ``DeadLetter`` protobuf message (``delivery.proto``) to another stream.
 * `MemoryDeadLetters`: for tests, with failure injection.
@@ -34,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pykka_delivery import _sqlite
 from pykka_delivery.delivery.core.effects import WriteDeadLetter
+from pykka_delivery.delivery.stores.backends import backend_of
 from pykka_delivery.errors import DeliveryError
 from pykka_delivery.protocol import delivery_pb2
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
@@ -306,20 +309,30 @@ def dead_letter_destination(
     given: DeadLetterDestination | str | os.PathLike[str] | None,
 ) -> tuple[DeadLetterDestination | None, bool]:
     """What a consumer shell's ``dead_letters`` argument stands for, and whether the shell
-    owns it (a path: a `SqliteDeadLetters` it opens here and closes when it stops).
+    owns it (opened here and closed when the shell stops): a ``postgresql://`` URL is a
+    ``PostgresDeadLetters``, any other path a `SqliteDeadLetters` (backends.py).
 
     Raises:
-        TypeError: neither a destination, a path nor None.
-        DeadLetterError: the SQLite file cannot be opened.
+        TypeError: neither a destination, a path, a URL nor None.
+        DeadLetterError: the SQLite file or the PostgreSQL database cannot be opened.
+        ImportError: a URL without the ``[postgres]`` extra installed (names it).
     """
     if given is None:
         return None, False
-    if isinstance(given, str | os.PathLike):
+    backend = backend_of(given)
+    if backend == "postgres":
+        from pykka_delivery.delivery.stores.dead_letters_postgres import (  # noqa: PLC0415
+            PostgresDeadLetters,  # the [postgres] extra, for a URL only
+        )
+
+        return PostgresDeadLetters(given), True
+    if backend == "sqlite":
+        assert isinstance(given, str | os.PathLike)
         return SqliteDeadLetters(given), True
     if not isinstance(given, DeadLetterDestination):
         msg = (
             f"dead_letters must be a DeadLetterDestination (with put(letter)), the path "
-            f"of an SQLite file, or None; got {type(given).__name__}"
+            f"of an SQLite file, a postgresql:// URL, or None; got {type(given).__name__}"
         )
         raise TypeError(msg)
     return given, False

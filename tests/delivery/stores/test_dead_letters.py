@@ -1,4 +1,6 @@
-"""Dead-letter destinations: the SQLite table, sending on through a producer, memory."""
+"""Dead-letter destinations: the SQLite and PostgreSQL tables (one contract, both
+backends), sending on through a producer, memory; and which destination a consumer's
+``dead_letters`` argument stands for."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pykka_delivery.delivery.stores.dead_letters import (
@@ -15,7 +18,9 @@ from pykka_delivery.delivery.stores.dead_letters import (
     MemoryDeadLetters,
     ProducerDeadLetters,
     SqliteDeadLetters,
+    dead_letter_destination,
 )
+from pykka_delivery.delivery.stores.dead_letters_postgres import PostgresDeadLetters
 from pykka_delivery.delivery.stores.durable_queue import NO_QUALIFIER, MessageSent
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.errors import DeliveryTimeout
@@ -26,20 +31,54 @@ def letter(seq_nr: int, message: Any = b"payload", producer_id: str = "orders") 
     return DeadLetter(producer_id, seq_nr, message, f"failed {seq_nr}", 3, 1_700_000_000_000)
 
 
-def test_every_destination_is_a_dead_letter_destination(tmp_path: Path) -> None:
-    with SqliteDeadLetters(tmp_path / "dl.db") as sqlite_letters:
-        for destination in (MemoryDeadLetters(), sqlite_letters, ProducerDeadLetters(object())):
+class Tables:
+    """Opens the dead-letter table of one backend, again and again on the same data."""
+
+    def __init__(self, kind: str, tmp_path: Path, url: str) -> None:
+        self.kind = kind
+        self.path = tmp_path / "dl.db"
+        self.url = url
+
+    def open(self) -> SqliteDeadLetters | PostgresDeadLetters:
+        if self.kind == "postgres":
+            return PostgresDeadLetters(self.url)
+        return SqliteDeadLetters(self.path)
+
+    def set_schema_version(self, version: int) -> None:
+        if self.kind == "postgres":
+            with psycopg.connect(self.url) as pg:
+                pg.execute(
+                    "UPDATE schema_versions SET version = %s WHERE component = 'dead_letters'",
+                    (version,),
+                )
+            return
+        with sqlite3.connect(self.path) as conn:
+            conn.execute(
+                "UPDATE schema_version SET version = ? WHERE component = 'dead_letters'",
+                (version,),
+            )
+        conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Tables:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else ""
+    return Tables(request.param, tmp_path, url)
+
+
+def test_every_destination_is_a_dead_letter_destination(tables: Tables) -> None:
+    with tables.open() as stored_letters:
+        for destination in (MemoryDeadLetters(), stored_letters, ProducerDeadLetters(object())):
             assert isinstance(destination, DeadLetterDestination)
 
 
-def test_sqlite_keeps_letters_across_reopening_with_their_messages(tmp_path: Path) -> None:
-    path = tmp_path / "dl.db"
-    with SqliteDeadLetters(path) as letters:
+def test_tables_keep_letters_across_reopening_with_their_messages(tables: Tables) -> None:
+    with tables.open() as letters:
         letters.put(letter(1, b"\x00raw"))
         letters.put(letter(2, {"order": 7, "items": ["a"]}))
         letters.put(letter(9, "text", producer_id="other"))
 
-    with SqliteDeadLetters(path) as letters:
+    with tables.open() as letters:
         assert letters.count() == 3
         stored = letters.letters()
         assert [s.letter for s in stored] == [
@@ -53,19 +92,18 @@ def test_sqlite_keeps_letters_across_reopening_with_their_messages(tmp_path: Pat
         assert [s.letter.seq_nr for s in letters.letters()] == [2]
 
 
+def test_tables_refuse_a_newer_schema(tables: Tables) -> None:
+    tables.open().close()
+    tables.set_schema_version(99)
+
+    with pytest.raises(DeadLetterError, match="schema version 99"):
+        tables.open()
+
+
 def test_sqlite_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     path = tmp_path / "dl.db"
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(DeadLetterError, match="not an SQLite database or is corrupt"):
-        SqliteDeadLetters(path)
-
-
-def test_sqlite_refuses_a_newer_schema(tmp_path: Path) -> None:
-    path = tmp_path / "dl.db"
-    SqliteDeadLetters(path).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE schema_version SET version = 99 WHERE component = 'dead_letters'")
-    with pytest.raises(DeadLetterError, match="schema version 99"):
         SqliteDeadLetters(path)
 
 
@@ -130,3 +168,65 @@ def test_dead_letters_share_a_file_with_a_durable_producer_queue(tmp_path: Path)
         assert [m.seq_nr for m in queue.load_state().unconfirmed] == [1]
     finally:
         queue.close()
+
+
+def test_postgres_table_that_cannot_be_reached_fails_naming_it(tmp_path: Path) -> None:
+    url = f"postgresql://nobody@/none?host={tmp_path}"
+
+    with pytest.raises(DeadLetterError, match=r"cannot connect to .* within 0\.5 s"):
+        PostgresDeadLetters(url, connect_timeout=0.5)
+
+
+def test_postgres_table_refuses_use_after_close(postgres_url: str) -> None:
+    letters = PostgresDeadLetters(postgres_url)
+    letters.close()
+    letters.close()  # a second close is harmless
+
+    with pytest.raises(DeadLetterError, match="was closed"):
+        letters.put(letter(1))
+
+
+def test_a_postgresql_url_stands_for_a_postgres_table_the_consumer_owns(
+    postgres_url: str,
+) -> None:
+    destination, owned = dead_letter_destination(postgres_url)
+
+    assert isinstance(destination, PostgresDeadLetters)
+    assert owned
+    destination.put(letter(1))
+    assert destination.count() == 1
+    destination.close()
+
+
+def test_a_path_stands_for_an_sqlite_table_the_consumer_owns(tmp_path: Path) -> None:
+    destination, owned = dead_letter_destination(tmp_path / "dl.db")
+
+    assert isinstance(destination, SqliteDeadLetters)
+    assert owned
+    destination.close()
+
+
+def test_an_existing_file_named_like_a_url_stays_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "postgresql:").mkdir()
+    name = "postgresql://dl.db"  # a relative path: directory "postgresql:", then "dl.db"
+    SqliteDeadLetters(name).close()
+
+    destination, owned = dead_letter_destination(name)
+
+    assert isinstance(destination, SqliteDeadLetters)
+    assert owned
+    destination.close()
+
+
+def test_a_destination_object_is_used_as_it_is_and_not_owned() -> None:
+    given = MemoryDeadLetters()
+
+    assert dead_letter_destination(given) == (given, False)
+
+
+def test_anything_else_is_refused_naming_what_is_accepted() -> None:
+    with pytest.raises(TypeError, match="a postgresql:// URL, or None; got int"):
+        dead_letter_destination(42)  # type: ignore[arg-type]

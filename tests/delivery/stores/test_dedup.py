@@ -8,9 +8,9 @@ the first marked first, from a new ref. The accounting follows seed 002's broker
 delivered, same -> duplicate, gap -> reported and delivered).
 
 1. The pure core (tests/harness.py): duplicates, gaps, sequence restarts, recording.
-2. The store contract, for `MemoryDedupStore`, `SqliteDedupStore`, `SqliteTxDedupStore`
-   and `PostgresTxDedupStore` alike (test_dedup_tx*.py: what only the transactional ones
-   do).
+2. The store contract, for `MemoryDedupStore`, `SqliteDedupStore`, `PostgresDedupStore`,
+   `SqliteTxDedupStore` and `PostgresTxDedupStore` alike (test_dedup_tx*.py: what only the
+   transactional ones do; test_dedup_postgres.py: what only PostgreSQL does).
 3. SQLite only: many consumers per file, one writer per consumer id, bad files, fsync
    policies, write-through, a writer killed with SIGKILL.
 4. The shells (in process): the `Consumer` handle, the `ConsumerController` actor and the
@@ -52,6 +52,7 @@ from pykka_delivery.delivery.stores.dedup import (
     SqliteDedupSettings,
     SqliteDedupStore,
 )
+from pykka_delivery.delivery.stores.dedup_postgres import PostgresDedupStore
 from pykka_delivery.delivery.stores.dedup_tx import SqliteTxDedupStore
 from pykka_delivery.delivery.stores.dedup_tx_postgres import PostgresTxDedupStore
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
@@ -361,7 +362,7 @@ def test_without_a_store_the_same_restart_delivers_the_resent_messages_twice() -
     assert [n for n, _ in restart.deliveries] == [1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8]
 
 
-# --- 2. the store contract, both implementations ----------------------------------------------
+# --- 2. the store contract, every implementation ----------------------------------------------
 
 
 class Stores:
@@ -381,6 +382,8 @@ class Stores:
             return SqliteTxDedupStore(self.path, "consumer-1")
         if self.kind == "postgres-tx":
             return PostgresTxDedupStore(self.url, "consumer-1")
+        if self.kind == "postgres":
+            return PostgresDedupStore(self.url, "consumer-1")
         return SqliteDedupStore(self.path, "consumer-1")
 
     def reopen(self, store: DedupStore) -> DedupStore:
@@ -390,9 +393,10 @@ class Stores:
         return self.open()
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-tx", "postgres-tx"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "sqlite-tx", "postgres-tx"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
-    url = request.getfixturevalue("postgres_url") if request.param == "postgres-tx" else ""
+    postgres = request.param.startswith("postgres")
+    url = request.getfixturevalue("postgres_url") if postgres else ""
     return Stores(request.param, tmp_path, url)
 
 
