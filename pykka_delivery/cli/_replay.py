@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pykka_delivery.cli._errors import CommandError
 from pykka_delivery.cli._options import Security
 from pykka_delivery.delivery.handles.producer import Producer
-from pykka_delivery.delivery.stores.dead_letters import SqliteDeadLetters, StoredDeadLetter
+from pykka_delivery.delivery.stores.dead_letters import StoredDeadLetter, StoredDeadLetters
 from pykka_delivery.errors import DeliveryError, DeliveryTimeout
 from pykka_delivery.transport.node import Node
 from pykka_delivery.transport.settings import NodeSettings
@@ -40,7 +40,7 @@ def node_settings(bind: str, security: Security) -> NodeSettings:
 class Replay:
     """One replay: where to, under which producer id, and the ids replayed so far."""
 
-    store: SqliteDeadLetters
+    store: StoredDeadLetters
     target: str
     producer_id: str
     batch: int
@@ -83,7 +83,7 @@ class Replay:
             left = total - len(self.replayed)
             msg = (
                 f"replayed {len(self.replayed)} of {total} dead letter(s) to {self.target}; "
-                f"the other {left} stay in {self.store.path}: {failure} (check that a "
+                f"the other {left} stay in {self.store!r}: {failure} (check that a "
                 "consumer is exposed at --to and confirms, then replay again)"
             )
             raise CommandError(msg) from failure

@@ -1,5 +1,6 @@
-"""``pykka-delivery dead-letters list|show|replay|purge --db PATH``: the messages consumers
-gave up on, kept in a `SqliteDeadLetters` file.
+"""``pykka-delivery dead-letters list|show|replay|purge --db PATH|URL``: the messages
+consumers gave up on, kept in a `SqliteDeadLetters` file or, given a ``postgresql://`` URL,
+in a PostgreSQL database's ``PostgresDeadLetters``.
 
 ``replay`` sends the chosen letters back through a producer stream: a `Producer` on a
 transport `Node` of the command's own, delivering to the consumer exposed at ``--to
@@ -24,7 +25,12 @@ from pykka_delivery.cli._app import QUIET, cli, logging_options
 from pykka_delivery.cli._errors import CommandError
 from pykka_delivery.cli._options import Security, json_option, security_options
 from pykka_delivery.cli._output import console, iso_time, jsonable, print_json, table
-from pykka_delivery.delivery.stores.dead_letters import SqliteDeadLetters, StoredDeadLetter
+from pykka_delivery.delivery.stores.backends import is_postgres_url
+from pykka_delivery.delivery.stores.dead_letters import (
+    SqliteDeadLetters,
+    StoredDeadLetter,
+    StoredDeadLetters,
+)
 from pykka_delivery.protocol.serialization import Serialization
 
 __all__ = ["dead_letters", "letter_document"]
@@ -56,16 +62,27 @@ def _serialization(spec: str | None) -> Serialization | None:
 
 
 @contextlib.contextmanager
-def _store(db: Path, serialization: str | None) -> Iterator[SqliteDeadLetters]:
-    if not db.is_file():
-        msg = f"no dead-letter file {db} (give the path the consumer's dead_letters= names)"
+def _store(db: str, serialization: str | None) -> Iterator[StoredDeadLetters]:
+    if is_postgres_url(db):
+        from pykka_delivery.delivery.stores.dead_letters_postgres import (  # noqa: PLC0415
+            PostgresDeadLetters,  # the [postgres] extra, for a URL only
+        )
+
+        with PostgresDeadLetters(db, serialization=_serialization(serialization)) as letters:
+            yield letters
+        return
+    if not Path(db).is_file():
+        msg = (
+            f"no dead-letter file {db} (give the path or the postgresql:// URL the "
+            "consumer's dead_letters= names)"
+        )
         raise CommandError(msg)
     with SqliteDeadLetters(db, serialization=_serialization(serialization)) as store:
         yield store
 
 
 def _select(
-    store: SqliteDeadLetters, ids: Sequence[int], producer: str | None, limit: int | None
+    store: StoredDeadLetters, ids: Sequence[int], producer: str | None, limit: int | None
 ) -> list[StoredDeadLetter]:
     """The letters chosen by ``ids`` (all of them must be there), else by ``producer``
     and ``limit`` (None: all), oldest first."""
@@ -76,7 +93,7 @@ def _select(
     missing = wanted - {s.id for s in chosen}
     if missing:
         of = "" if producer is None else f" of producer {producer!r}"
-        msg = f"no dead letter{of} with id {', '.join(map(str, sorted(missing)))} in {store.path}"
+        msg = f"no dead letter{of} with id {', '.join(map(str, sorted(missing)))} in {store!r}"
         raise CommandError(msg)
     return chosen
 
@@ -107,9 +124,10 @@ def _short(value: Any) -> str:
 _db_option = click.option(
     "--db",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH|URL",
     envvar="PYKKA_DELIVERY_DEAD_LETTERS",
-    help="The SqliteDeadLetters file [env: PYKKA_DELIVERY_DEAD_LETTERS].",
+    help="The SqliteDeadLetters file, or the postgresql:// URL of a PostgresDeadLetters "
+    "database [env: PYKKA_DELIVERY_DEAD_LETTERS].",
 )
 _serialization_option = click.option(
     "--serialization",
@@ -145,7 +163,7 @@ def dead_letters() -> None:
 @json_option
 @logging_options(QUIET)
 def list_letters(
-    *, db: Path, producer: str | None, limit: int, serialization: str | None, as_json: bool
+    *, db: str, producer: str | None, limit: int, serialization: str | None, as_json: bool
 ) -> None:
     """The dead letters in --db, oldest first."""
     with _store(db, serialization) as store:
@@ -178,7 +196,7 @@ def list_letters(
 @_serialization_option
 @json_option
 @logging_options(QUIET)
-def show(*, letter_id: int, db: Path, serialization: str | None, as_json: bool) -> None:
+def show(*, letter_id: int, db: str, serialization: str | None, as_json: bool) -> None:
     """One dead letter in full: where it came from, why it failed, its message."""
     with _store(db, serialization) as store:
         [stored] = _select(store, [letter_id], None, None)
@@ -244,7 +262,7 @@ def show(*, letter_id: int, db: Path, serialization: str | None, as_json: bool) 
 @logging_options(QUIET)
 def replay(
     *,
-    db: Path,
+    db: str,
     target: str,
     ids: tuple[int, ...],
     producer: str | None,
@@ -285,7 +303,7 @@ def replay(
 @logging_options(QUIET)
 def purge(
     *,
-    db: Path,
+    db: str,
     ids: tuple[int, ...],
     producer: str | None,
     yes: bool,

@@ -1,6 +1,7 @@
 """``pykka-delivery dead-letters list|show|replay|purge``, run through the installed
-console script on a `SqliteDeadLetters` file that a `Consumer` filled by rejecting
-messages (``max_attempts=1``: the first rejection writes the letter).
+console script on a `SqliteDeadLetters` file, and on a PostgreSQL database given by its
+URL, that a `Consumer` filled by rejecting messages (``max_attempts=1``: the first
+rejection writes the letter).
 
 ``replay`` delivers to a `Consumer` exposed on a transport `Node` in this process, which
 confirms what it receives."""
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from pykka_delivery import Consumer, ConsumerControllerSettings, Producer, SqliteDeadLetters
+from pykka_delivery import Consumer, ConsumerControllerSettings, Producer
+from pykka_delivery.delivery.stores.dead_letters import StoredDeadLetters, dead_letter_destination
 from pykka_delivery.transport import Node
 from tests.cli.commands import WAIT, assert_one_clear_line, free_port, run, run_json
 
@@ -22,7 +24,7 @@ POISON = {2: "no such customer", 4: "amount is negative"}
 MESSAGES = [{"order": n} for n in range(1, 6)]
 
 
-def fill(path: Path) -> None:
+def fill(path: str) -> None:
     """Send `MESSAGES` through a producer to a consumer that rejects those in `POISON`."""
     # A window of 2: a Request per confirmation, so the producer hears of each at once.
     settings = ConsumerControllerSettings(flow_control_window=2, max_attempts=1)
@@ -42,27 +44,43 @@ def fill(path: Path) -> None:
     producer.close()
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "dead.sqlite"
-    fill(path)
-    return path
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store's path or URL, filled."""
+    if request.param == "postgres":
+        where: str = request.getfixturevalue("postgres_url")
+    else:
+        where = str(tmp_path / "dead.sqlite")
+    fill(where)
+    return where
 
 
-def stored(db: Path) -> list[Any]:
-    with SqliteDeadLetters(db) as letters:
-        return [s.letter.message for s in letters.letters()]
+def opened(db: str) -> StoredDeadLetters:
+    store = dead_letter_destination(db)[0]
+    assert isinstance(store, StoredDeadLetters)
+    return store
 
 
-def ids(db: Path) -> list[int]:
-    with SqliteDeadLetters(db) as letters:
-        return [s.id for s in letters.letters()]
+def stored(db: str) -> list[Any]:
+    store = opened(db)
+    try:
+        return [s.letter.message for s in store.letters()]
+    finally:
+        store.close()
+
+
+def ids(db: str) -> list[int]:
+    store = opened(db)
+    try:
+        return [s.id for s in store.letters()]
+    finally:
+        store.close()
 
 
 # --- list and show ---------------------------------------------------------------------
 
 
-def test_list_shows_each_letter_with_its_reason_and_message(db: Path) -> None:
+def test_list_shows_each_letter_with_its_reason_and_message(db: str) -> None:
     document = run_json("dead-letters", "list", "--db", str(db))
 
     assert document["count"] == 2
@@ -73,7 +91,7 @@ def test_list_shows_each_letter_with_its_reason_and_message(db: Path) -> None:
     ]
 
 
-def test_list_as_a_table_names_the_reasons(db: Path) -> None:
+def test_list_as_a_table_names_the_reasons(db: str) -> None:
     done = run("dead-letters", "list", "--db", str(db))
 
     assert done.returncode == 0, done.stderr
@@ -81,7 +99,7 @@ def test_list_as_a_table_names_the_reasons(db: Path) -> None:
     assert "amount is negative" in done.stdout
 
 
-def test_show_gives_one_letter_in_full(db: Path) -> None:
+def test_show_gives_one_letter_in_full(db: str) -> None:
     first = ids(db)[0]
 
     document = run_json("dead-letters", "show", str(first), "--db", str(db))
@@ -90,7 +108,7 @@ def test_show_gives_one_letter_in_full(db: Path) -> None:
     assert document["message"] == {"order": 2}
 
 
-def test_show_of_an_unknown_id_is_one_clear_line(db: Path) -> None:
+def test_show_of_an_unknown_id_is_one_clear_line(db: str) -> None:
     done = run("dead-letters", "show", "999", "--db", str(db))
 
     assert_one_clear_line(done, "no dead letter with id 999")
@@ -108,14 +126,14 @@ def test_a_missing_file_is_one_clear_line_and_is_not_created(tmp_path: Path) -> 
 # --- purge -----------------------------------------------------------------------------
 
 
-def test_purge_with_yes_deletes_every_letter(db: Path) -> None:
+def test_purge_with_yes_deletes_every_letter(db: str) -> None:
     document = run_json("dead-letters", "purge", "--db", str(db), "--yes")
 
     assert len(document["deleted"]) == 2
     assert stored(db) == []
 
 
-def test_purge_asks_first_and_a_no_deletes_nothing(db: Path) -> None:
+def test_purge_asks_first_and_a_no_deletes_nothing(db: str) -> None:
     done = run("dead-letters", "purge", "--db", str(db), input="n\n")
 
     assert done.returncode == 1
@@ -123,7 +141,7 @@ def test_purge_asks_first_and_a_no_deletes_nothing(db: Path) -> None:
     assert len(stored(db)) == 2
 
 
-def test_purge_of_one_id_after_a_yes_deletes_only_it(db: Path) -> None:
+def test_purge_of_one_id_after_a_yes_deletes_only_it(db: str) -> None:
     first, second = ids(db)
 
     done = run("dead-letters", "purge", "--db", str(db), "--id", str(first), input="y\n")
@@ -165,7 +183,7 @@ def consumer_node() -> Iterator[tuple[str, list[Any]]]:
 
 
 def test_replay_delivers_every_letter_and_removes_it_once_confirmed(
-    db: Path, consumer_node: tuple[str, list[Any]]
+    db: str, consumer_node: tuple[str, list[Any]]
 ) -> None:
     address, received = consumer_node
 
@@ -176,7 +194,7 @@ def test_replay_delivers_every_letter_and_removes_it_once_confirmed(
     assert stored(db) == []
 
 
-def test_replay_of_one_id_leaves_the_others(db: Path, consumer_node: tuple[str, list[Any]]) -> None:
+def test_replay_of_one_id_leaves_the_others(db: str, consumer_node: tuple[str, list[Any]]) -> None:
     address, received = consumer_node
     first, second = ids(db)
 
@@ -186,7 +204,7 @@ def test_replay_of_one_id_leaves_the_others(db: Path, consumer_node: tuple[str, 
     assert ids(db) == [first]
 
 
-def test_replay_to_nobody_keeps_every_letter_and_says_so(db: Path) -> None:
+def test_replay_to_nobody_keeps_every_letter_and_says_so(db: str) -> None:
     address = f"127.0.0.1:{free_port()}/replayed"
 
     done = run("dead-letters", "replay", "--db", str(db), "--to", address, "--timeout", "1")

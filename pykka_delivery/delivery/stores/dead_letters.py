@@ -49,6 +49,7 @@ __all__ = [
     "ProducerDeadLetters",
     "SqliteDeadLetters",
     "StoredDeadLetter",
+    "StoredDeadLetters",
     "dead_letter_destination",
     "write_dead_letter",
 ]
@@ -85,6 +86,26 @@ class DeadLetterDestination(Protocol):
     `DeadLetterError`); it is called from the consumer's thread."""
 
     def put(self, letter: DeadLetter) -> None: ...
+
+
+@runtime_checkable
+class StoredDeadLetters(DeadLetterDestination, Protocol):
+    """A destination that keeps its letters to be read back and removed (SQLite,
+    PostgreSQL): what the ``dead-letters`` command lists, replays and purges."""
+
+    def letters(self, producer_id: str | None = None, limit: int = 1000) -> list[StoredDeadLetter]:
+        """The oldest ``limit`` letters (of ``producer_id``, if given), oldest first."""
+        ...
+
+    def count(self) -> int:
+        """How many letters are kept."""
+        ...
+
+    def delete(self, ids: list[int]) -> None:
+        """Remove the letters of ``ids`` (those that are there)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class MemoryDeadLetters:
