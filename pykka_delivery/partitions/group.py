@@ -134,7 +134,9 @@ class GroupMember:
         settings: see `GroupMemberSettings`.
         dedup_store: turns on deduplication across hand-overs: the path of an SQLite
             file shared by the group's members (a `SqliteDedupStore` is opened per
-            activation, consumer id ``producer_id(stream, p, group)``), or a function from
+            activation, consumer id ``producer_id(stream, p, group)``), a ``postgresql://``
+            URL of a database they share, on any host (a ``PostgresDedupStore`` per
+            activation), or a function from
             a partition to a new store for one activation (closed when it ends); a
             `SqliteTxDedupStore` for exactly-once effect (`GroupDelivery.transaction`). None:
             none; a partition handed over after its Ack was lost, or taken from a killed

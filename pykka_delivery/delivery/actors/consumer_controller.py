@@ -79,8 +79,9 @@ class ConsumerController(ControllerActor):
             failing, the controller logs an error and stops without confirming more.
         dead_letters: where a message goes once the consumer rejected it
             (``delivery.reject(reason)``) ``settings.max_attempts`` times: a
-            `DeadLetterDestination`, or the path of an SQLite file for a
-            `SqliteDeadLetters` the controller owns (closed when it stops). None (the
+            `DeadLetterDestination`, the path of an SQLite file for a
+            `SqliteDeadLetters`, or a ``postgresql://`` URL for a ``PostgresDeadLetters``,
+            that the controller owns (closed when it stops). None (the
             default): a `Rejected` is refused (logged as an error, nothing changes). If
             the destination fails, the controller logs an error and stops (the message
             stays unconfirmed at the producer).

@@ -124,8 +124,9 @@ class Consumer:
             `SqliteTxDedupStore` makes the effect exactly once: apply it in `transaction`.
         dead_letters: where a message goes once it was rejected
             (``delivery.reject(reason)``) ``settings.max_attempts`` times: a
-            `DeadLetterDestination`, or the path of an SQLite file for a
-            `SqliteDeadLetters` this handle owns (closed with it). None (the default):
+            `DeadLetterDestination`, the path of an SQLite file for a
+            `SqliteDeadLetters`, or a ``postgresql://`` URL for a ``PostgresDeadLetters``,
+            that this handle owns (closed with it). None (the default):
             ``reject`` raises `LocalProtocolError`, since a rejected message would have
             nowhere to go. If the destination fails, ``reject`` raises `DeadLetterError`
             and the handle closes itself (the message stays unconfirmed at the producer).

@@ -106,8 +106,8 @@ class ConsumerSession:
         dedup_store: turns on deduplication across restarts (dedup.py); its positions
             are loaded here.
         dead_letters: where rejected messages go at ``max_attempts``: a
-            `DeadLetterDestination`, or the path of an SQLite file the session owns
-            (closed by `close`); None: `reject` is refused.
+            `DeadLetterDestination`, or the path of an SQLite file or a ``postgresql://``
+            URL of a store the session owns (closed by `close`); None: `reject` is refused.
         hand_out: True (the handles): the session is the core's consumer, and its
             deliveries wait for `poll`. False (the actor): they go out, to the consumer
             the core is started with (`ConsumerStart`), like any other send.
