@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,8 +52,11 @@ __all__ = [
     "LogFencedError",
     "MemoryCommandLog",
     "SqliteCommandLog",
+    "check_snapshot_every",
     "decode_command",
     "encode_command",
+    "replay_stored",
+    "snapshot_body",
 ]
 
 logger = logging.getLogger("pykka_delivery.coordinator.store")
@@ -100,7 +103,8 @@ class CommandLog(Protocol):
         ...
 
 
-def _check_snapshot_every(snapshot_every: int) -> None:
+def check_snapshot_every(snapshot_every: int) -> None:
+    """Refuse a ``snapshot_every`` below 1 (ValueError naming it)."""
     if snapshot_every < 1:
         msg = f"snapshot_every must be 1 or more commands, got {snapshot_every!r}"
         raise ValueError(msg)
@@ -121,7 +125,7 @@ class MemoryCommandLog:
     """
 
     def __init__(self, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> None:
-        _check_snapshot_every(snapshot_every)
+        check_snapshot_every(snapshot_every)
         self._snapshot_every = snapshot_every
         self._snapshot = initial_state()
         self.commands: list[Command] = []
@@ -196,7 +200,7 @@ class SqliteCommandLog:
         synchronous: str = "NORMAL",
         lock_timeout: float = 5.0,
     ) -> None:
-        _check_snapshot_every(snapshot_every)
+        check_snapshot_every(snapshot_every)
         _sqlite.check_seconds("lock_timeout", lock_timeout)
         synchronous = _sqlite.check_synchronous(synchronous, _SYNCHRONOUS)
         self.path = Path(path)
@@ -315,39 +319,58 @@ class SqliteCommandLog:
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             state, last_seq = self._load(conn)
-            body = json.dumps(encode_state(state), allow_nan=False, separators=(",", ":"))
             conn.execute(
                 "INSERT OR REPLACE INTO snapshot (id, seq, body) VALUES (1, ?, ?)",
-                (last_seq, body),
+                (last_seq, snapshot_body(state)),
             )
             conn.execute("DELETE FROM log WHERE seq <= ?", (last_seq,))
         self._since_snapshot = 0
 
     def _load(self, conn: sqlite3.Connection) -> tuple[CoordinatorState, int]:
         """The stored state and the seq of the last command it includes."""
-        row = conn.execute("SELECT seq, body FROM snapshot WHERE id = 1").fetchone()
-        if row is None:
-            state, last_seq = initial_state(), 0
-        else:
-            last_seq = row[0]
-            try:
-                state = decode_state(json.loads(row[1]))
-            except (ValueError, TypeError, KeyError, AttributeError) as error:
-                msg = (
-                    f"coordinator store {self.path}: unreadable snapshot (seq {last_seq}): {error}"
-                )
-                raise CommandLogError(msg) from error
-        commands: list[Command] = []
-        for seq, kind, body in conn.execute(
+        snapshot = conn.execute("SELECT seq, body FROM snapshot WHERE id = 1").fetchone()
+        last_seq = 0 if snapshot is None else snapshot[0]
+        rows = conn.execute(
             "SELECT seq, kind, body FROM log WHERE seq > ? ORDER BY seq", (last_seq,)
-        ):
-            try:
-                commands.append(decode_command(kind, body))
-            except CommandLogError as error:
-                msg = f"coordinator store {self.path}, log row seq={seq}: {error}"
-                raise CommandLogError(msg) from error
-            last_seq = seq
-        return replay(commands, state), last_seq
+        )
+        state, last_seq, _ = replay_stored(snapshot, rows, f"coordinator store {self.path}")
+        return state, last_seq
+
+
+def replay_stored(
+    snapshot: tuple[int, str] | None, rows: Iterable[tuple[int, str, str]], where: str
+) -> tuple[CoordinatorState, int, int]:
+    """What a stored log holds: the state its snapshot (``(seq, body)``, None for none) and
+    the command rows after it (``(seq, kind, body)`` in order) lead to, the seq of the last
+    command included, and how many rows there were.
+
+    Raises:
+        CommandLogError: the snapshot or a row cannot be read; the message names ``where``
+            and the row.
+    """
+    if snapshot is None:
+        state, last_seq = initial_state(), 0
+    else:
+        last_seq = snapshot[0]
+        try:
+            state = decode_state(json.loads(snapshot[1]))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            msg = f"{where}: unreadable snapshot (seq {last_seq}): {error}"
+            raise CommandLogError(msg) from error
+    commands: list[Command] = []
+    for seq, kind, body in rows:
+        try:
+            commands.append(decode_command(kind, body))
+        except CommandLogError as error:
+            msg = f"{where}, log row seq={seq}: {error}"
+            raise CommandLogError(msg) from error
+        last_seq = seq
+    return replay(commands, state), last_seq, len(commands)
+
+
+def snapshot_body(state: CoordinatorState) -> str:
+    """The stored form of a snapshot of ``state`` (JSON of `encode_state`)."""
+    return json.dumps(encode_state(state), allow_nan=False, separators=(",", ":"))
 
 
 # --- encoding ----------------------------------------------------------------------------------

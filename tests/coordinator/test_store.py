@@ -1,11 +1,11 @@
-"""The coordinator's command log: JSON encoding of every command, SQLite round trips,
-compaction, and the errors for stores it cannot read."""
+"""The coordinator's command log: JSON encoding of every command, what is particular to
+the SQLite log (its file, rows and errors) and to the memory log. The contract every log
+keeps, on every backend: test_store_contract.py."""
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-import tempfile
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +22,6 @@ from pykka_delivery.coordinator import (
     ConnectionDown,
     ConnectionLost,
     ConnectionReconnected,
-    CoordinatorSettings,
     CreateStream,
     DisconnectedTimeout,
     EvaluateGroup,
@@ -34,12 +33,9 @@ from pykka_delivery.coordinator import (
     SqliteCommandLog,
     UnregisterConsumer,
     UpdateSettings,
-    apply,
-    initial_state,
     replay,
 )
 from pykka_delivery.coordinator.store import decode_command, encode_command
-from pykka_delivery.errors import ClosedError
 
 
 @contextlib.contextmanager
@@ -135,29 +131,12 @@ def test_a_malformed_body_is_refused(body: str) -> None:
 # --- SQLite
 
 
-def test_an_empty_store_loads_the_initial_state(tmp_path: Path) -> None:
-    log = SqliteCommandLog(tmp_path / "coordinator.db")
-
-    assert log.load() == initial_state()
-
-
 def test_the_store_is_one_file_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
     SqliteCommandLog(path).close()
 
     with raw(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-
-
-def test_appended_commands_are_loaded_after_reopening(tmp_path: Path) -> None:
-    path = tmp_path / "coordinator.db"
-    commands: list[Command] = [register("c1"), register("c2"), ConnectionLost("c1", now=5.0)]
-    log = SqliteCommandLog(path)
-    for command in commands:
-        log.append(command)
-    log.close()
-
-    assert SqliteCommandLog(path).load() == replay(commands)
 
 
 def test_compaction_writes_a_snapshot_and_deletes_the_rows_it_covers(tmp_path: Path) -> None:
@@ -173,19 +152,6 @@ def test_compaction_writes_a_snapshot_and_deletes_the_rows_it_covers(tmp_path: P
     with raw(path) as conn:
         assert [r[0] for r in conn.execute("SELECT seq FROM log ORDER BY seq")] == [11, 12]
         assert conn.execute("SELECT seq FROM snapshot").fetchone()[0] == 10
-
-
-def test_commands_after_a_compaction_that_emptied_the_log_are_kept(tmp_path: Path) -> None:
-    # Regression guard: without AUTOINCREMENT the next row reuses seq 1, below the
-    # snapshot's seq, and is skipped on load.
-    path = tmp_path / "coordinator.db"
-    log = SqliteCommandLog(path, snapshot_every=3)
-    commands: list[Command] = [register("c1"), register("c2"), register("c3"), register("c4")]
-    for command in commands:
-        log.append(command)
-    log.close()
-
-    assert SqliteCommandLog(path).load() == replay(commands)
 
 
 def test_an_unknown_kind_in_the_file_is_refused_naming_the_file_and_row(tmp_path: Path) -> None:
@@ -213,17 +179,7 @@ def test_a_store_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
         SqliteCommandLog(path)
 
 
-def test_appending_after_close_raises_closed_error(tmp_path: Path) -> None:
-    log = SqliteCommandLog(tmp_path / "coordinator.db")
-    log.close()
-
-    with pytest.raises(ClosedError):
-        log.append(register("c1"))
-
-
 def test_settings_are_checked(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="snapshot_every"):
-        SqliteCommandLog(tmp_path / "a.db", snapshot_every=0)
     with pytest.raises(ValueError, match="synchronous"):
         SqliteCommandLog(tmp_path / "b.db", synchronous="OFF")
 
@@ -270,25 +226,6 @@ COMMANDS: st.SearchStrategy[Command] = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(commands=st.lists(COMMANDS, max_size=60), snapshot_every=st.integers(1, 20))
-def test_replaying_the_sqlite_log_after_reopening_gives_the_state_applied_in_memory(
-    commands: list[Command], snapshot_every: int
-) -> None:
-    state = initial_state()
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "coordinator.db"
-        log = SqliteCommandLog(path, snapshot_every=snapshot_every)
-        for command in commands:
-            state = apply(state, command).state
-            log.append(command)
-        log.close()
-
-        reopened = SqliteCommandLog(path)
-        assert reopened.load() == state
-        reopened.close()
-
-
 @settings(max_examples=30, deadline=None)
 @given(commands=st.lists(COMMANDS, max_size=40), snapshot_every=st.integers(1, 10))
 def test_the_memory_log_loads_the_state_applied_in_memory(
@@ -300,15 +237,6 @@ def test_the_memory_log_loads_the_state_applied_in_memory(
 
     assert log.load() == replay(commands)
     assert len(log.commands) < snapshot_every
-
-
-def test_a_snapshot_keeps_the_settings(tmp_path: Path) -> None:
-    path = tmp_path / "coordinator.db"
-    log = SqliteCommandLog(path, snapshot_every=1)
-    log.append(UpdateSettings(disconnected_timeout=1.5, recovery_min_delay=0.5))
-    log.close()
-
-    assert SqliteCommandLog(path).load().settings == CoordinatorSettings(1.5, 0.5)
 
 
 # --- review regressions ----------------------------------------------------------------------
