@@ -5,15 +5,20 @@ Measured in the same run:
 * ``registrations``: ``--connections`` `CoordinatorClient`s in this process register
   ``--registrations`` consumers in all, concurrently (one thread per connection, each
   waiting for its reply before the next request), through the real gRPC service: a
-  `CoordinatorServer` + `CoordinatorActor` in a child process, once with a
-  `SqliteCommandLog` in a temporary directory (the durable log) and once with a
-  `MemoryCommandLog`. Each connection registers one consumer in each of
+  `CoordinatorServer` + `CoordinatorActor` in a child process, with a `SqliteCommandLog`
+  in a temporary directory (``registrations_per_s_sqlite``), a `MemoryCommandLog`, and a
+  `PostgresCommandLog` on a throwaway PostgreSQL cluster (tests/postgres.py's: a unix
+  socket, fsync off; ``registrations_per_s_postgres``, left out when the server binaries
+  are missing): ``--runs`` runs of each, interleaved, each figure the median run. The
+  actor stores the commands of requests arriving together with one append (group
+  commit). Each connection registers one consumer in each of
   ``registrations / connections`` simple groups, so every group ends with one consumer per
   connection (the first one active), as when every instance of an application consumes
   the same streams.
 * ceiling ``machine``: the same commands through the pure `apply`, in memory, in this
-  process (no actor, no log, no I/O); and, in between, the same commands asked of a
-  `CoordinatorActor` in this process (pipelined, no gRPC), with each log.
+  process (no actor, no log, no I/O); and, in between, the same commands told to a
+  `CoordinatorActor` in this process all at once (with a ``reply_to``, as the service
+  tells them: group commits; no gRPC), with each log.
 * ``failover``: a coordinator process, a producer process (a `Producer` handle on a
   transport `Node`, sending numbered 100-byte messages at ``--rate`` msgs/s) and three
   consumer processes, each a `CoordinatedConsumer` in one simple group. ``--rounds``
@@ -28,6 +33,11 @@ Measured in the same run:
   ``disconnected_timeout`` (``detection_floor_ms``) before it presumes the consumer down.
   Each round also gives the time to the coordinator's ``Detach`` (stream end seen) and to
   the new consumer's activation (its `Consumer` created).
+* ``leader_failover``: three `CoordinatorReplica` processes on a throwaway PostgreSQL
+  database (bench/_leader_failover.py; lease ttl 2 s, acquire interval 0.2 s) and a
+  client given the three addresses. ``min(--rounds, 5)`` times: SIGKILL the leader and
+  measure from the kill to the client's ``list_groups`` answered by the new leader
+  (``leader_failover_ms_p50`` / ``_max``; left out without PostgreSQL).
 
 The last line printed is one JSON object with the figures.
 
@@ -35,7 +45,7 @@ Defaults: 2 000 registrations over 20 connections, 10 fail-over rounds (about 40
 ``--quick``: 400 registrations, 2 rounds (about 10 s).
 
 Usage: python bench/coordinator.py [--registrations N] [--connections C] [--rounds K]
-[--rate R] [--quick]
+[--rate R] [--runs N] [--part all|registrations] [--quick]
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -53,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,8 +135,7 @@ def child_coordinator(
         logger.propagate = False
     else:
         settings = None
-    command_log = MemoryCommandLog() if log == "memory" else SqliteCommandLog(log)
-    actor = CoordinatorActor.start(command_log, settings)
+    actor = CoordinatorActor.start(command_log_of(log), settings)
     server_settings = CoordinatorServerSettings(
         keepalive_time=keepalive_time,
         keepalive_timeout=keepalive_timeout,
@@ -314,12 +324,23 @@ def machine_rate(commands: list[RegisterConsumer]) -> dict[str, float]:
 
 
 def actor_rate(commands: list[RegisterConsumer], log: str) -> float:
-    command_log = MemoryCommandLog() if log == "memory" else SqliteCommandLog(log)
-    actor = CoordinatorActor.start(command_log)
+    """Registrations/s told to the actor all at once with a ``reply_to``, as the service
+    tells them (so they are stored in group commits)."""
+    actor = CoordinatorActor.start(command_log_of(log))
+    replies: list[Any] = []
+    done = threading.Event()
+
+    def reply_to(reply: Any) -> None:  # in the actor's thread
+        replies.append(reply)
+        if len(replies) == len(commands):
+            done.set()
+
     try:
         started = time.perf_counter()
-        futures = [actor.ask(Execute(command), block=False) for command in commands]
-        replies = [future.get(timeout=WAIT) for future in futures]
+        for command in commands:
+            actor.tell(Execute(command, reply_to))
+        if not done.wait(WAIT):
+            raise RuntimeError(f"{len(replies)} of {len(commands)} registrations answered")
         seconds = time.perf_counter() - started
     finally:
         actor.stop()
@@ -380,6 +401,105 @@ def service_rate(total: int, connections: int, log: str, log_dir: Path) -> dict[
         "clients_cpu": cpu_self / seconds,
         "coordinator_us": cpu_coordinator / registered * 1e6,
     }
+
+
+# --- registrations: group commit on SQLite and PostgreSQL ----------------------------------
+
+
+def command_log_of(spec: str) -> Any:
+    """The coordinator's log for ``spec``: "memory", a ``postgresql://`` URL (a
+    `PostgresCommandLog`) or a SQLite file path."""
+    if spec == "memory":
+        return MemoryCommandLog()
+    if spec.startswith("postgresql://"):
+        # Only with the [postgres] extra installed.
+        from pykka_delivery.coordinator.store_postgres import (  # noqa: PLC0415
+            PostgresCommandLog,
+        )
+
+        return PostgresCommandLog(spec)
+    return SqliteCommandLog(spec)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster (tests/postgres.py's `PostgresServer`: a unix socket
+    in a temporary directory, fsync off), stopped and removed on exit; None when the
+    server binaries or the PostgreSQL command log are missing."""
+    try:
+        from pykka_delivery.coordinator import store_postgres  # noqa: F401, PLC0415
+        from tests.postgres import PostgresServer, find_binaries  # noqa: PLC0415
+    except ImportError as error:
+        print(f"  no PostgreSQL figures: {error}")
+        yield None
+        return
+    binaries = find_binaries()
+    if binaries is None:
+        print("  no PostgreSQL figures: initdb and pg_ctl not found (apt-get install postgresql)")
+        yield None
+        return
+    directory = Path(tempfile.mkdtemp(prefix="pgbench-", dir="/tmp"))  # short socket path
+    server = PostgresServer(directory, binaries)
+    try:
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _median_run(results: list[dict[str, float]]) -> dict[str, float]:
+    return sorted(results, key=lambda r: r["per_s"])[len(results) // 2]
+
+
+def measure_registrations(
+    total: int, connections: int, runs: int, log_dir: Path
+) -> dict[str, float]:
+    """Registrations through gRPC, ``runs`` runs on each log interleaved (each with a
+    fresh log), each figure the median run; and the ceilings of the same commands."""
+    commands = registration_commands(total, connections)
+    print(
+        f"registrations: {total} over {connections} connections into "
+        f"{total // connections} simple groups ({connections} consumers each), "
+        f"median of {runs} runs"
+    )
+    machine = machine_rate(commands)
+    figures: dict[str, float] = {"machine_registrations_per_s": machine["per_s"]}
+    figures["actor_sqlite_registrations_per_s"] = actor_rate(
+        commands, str(log_dir / "actor.sqlite")
+    )
+    figures["actor_memory_registrations_per_s"] = actor_rate(commands, "memory")
+    results: dict[str, list[dict[str, float]]] = {"sqlite": [], "memory": [], "postgres": []}
+    with postgres_server() as postgres:
+        for run in range(runs):
+            sqlite_path = str(log_dir / f"service-{run}.sqlite")
+            results["sqlite"].append(service_rate(total, connections, sqlite_path, log_dir))
+            results["memory"].append(service_rate(total, connections, "memory", log_dir))
+            if postgres is not None:
+                url = postgres.create_database()
+                results["postgres"].append(service_rate(total, connections, url, log_dir))
+    sqlite, memory = _median_run(results["sqlite"]), _median_run(results["memory"])
+    figures["registrations_per_s_sqlite"] = sqlite["per_s"]
+    figures["registrations_per_s"] = sqlite["per_s"]  # the name of the figures before
+    figures["registrations_memory_per_s"] = memory["per_s"]
+    if results["postgres"]:
+        postgres_run = _median_run(results["postgres"])
+        figures["registrations_per_s_postgres"] = postgres_run["per_s"]
+        figures["coordinator_us_per_registration_postgres"] = postgres_run["coordinator_us"]
+    figures["registrations_vs_machine"] = sqlite["per_s"] / machine["per_s"]
+    figures["coordinator_cpu_share"] = sqlite["coordinator_cpu"]
+    figures["clients_cpu_share"] = sqlite["clients_cpu"]
+    figures["coordinator_us_per_registration"] = sqlite["coordinator_us"]
+    figures["machine_us_first_tenth"] = machine["first_us"]
+    figures["machine_us_last_tenth"] = machine["last_us"]
+    for key, value in figures.items():
+        shown = f"{value:>10.3f}" if value < 10 else f"{value:>10,.0f}"
+        print(f"  {key:<42}{shown}")
+    for name, rows in results.items():
+        if rows:
+            print(f"  {name} runs: " + ", ".join(f"{r['per_s']:,.0f}/s" for r in rows))
+    return figures
 
 
 class Failover:
@@ -485,39 +605,34 @@ def run_failover(rounds: int, rate: float, log_dir: Path) -> dict[str, Any]:
     }
 
 
-def measure(total: int, connections: int, rounds: int, rate: float) -> dict[str, Any]:
+def measure_leader_failover(rounds: int, log_dir: Path) -> dict[str, float]:
+    """Leader fail-over among three coordinator replicas on PostgreSQL (see the module
+    docstring); no figures without a PostgreSQL server."""
+    import _leader_failover  # noqa: PLC0415 (next to this file; needs the postgres extra)
+
+    print(
+        f"leader fail-over: {rounds} rounds, 3 replicas, lease ttl {_leader_failover.TTL} s, "
+        f"acquire interval {_leader_failover.ACQUIRE_INTERVAL} s"
+    )
+    with postgres_server() as postgres:
+        if postgres is None:
+            return {}
+        times = _leader_failover.run(rounds, postgres.create_database(), log_dir)
+    figures = {
+        "leader_failover_ms_p50": statistics.median(times),
+        "leader_failover_ms_max": max(times),
+        "leader_failover_ttl_ms": _leader_failover.TTL * 1000,
+    }
+    for key, value in figures.items():
+        print(f"  {key:<36}{value:>10.1f}")
+    return figures
+
+
+def measure(total: int, connections: int, rounds: int, rate: float, runs: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
         log_dir = Path(tmp)
-        commands = registration_commands(total, connections)
-        print(
-            f"registrations: {total} over {connections} connections into "
-            f"{total // connections} simple groups ({connections} consumers each)"
-        )
-        machine = machine_rate(commands)
-        figures["machine_registrations_per_s"] = machine["per_s"]
-        figures["actor_sqlite_registrations_per_s"] = actor_rate(
-            commands, str(log_dir / "actor.sqlite")
-        )
-        figures["actor_memory_registrations_per_s"] = actor_rate(commands, "memory")
-        sqlite = service_rate(total, connections, str(log_dir / "service.sqlite"), log_dir)
-        memory = service_rate(total, connections, "memory", log_dir)
-        figures["registrations_per_s"] = sqlite["per_s"]
-        figures["registrations_memory_per_s"] = memory["per_s"]
-        figures["registrations_vs_machine"] = (
-            sqlite["per_s"] / figures["machine_registrations_per_s"]
-        )
-        figures["coordinator_cpu_share"] = sqlite["coordinator_cpu"]
-        figures["clients_cpu_share"] = sqlite["clients_cpu"]
-        figures["coordinator_us_per_registration"] = sqlite["coordinator_us"]
-        figures["machine_us_first_tenth"] = machine["first_us"]
-        figures["machine_us_last_tenth"] = machine["last_us"]
-        for key in list(figures)[:5]:
-            print(f"  {key:<36}{figures[key]:>10,.0f}")
-        for key in list(figures)[5:8]:
-            print(f"  {key:<36}{figures[key]:>10.3f}")
-        for key in list(figures)[8:]:
-            print(f"  {key:<36}{figures[key]:>10,.0f}")
+        figures.update(measure_registrations(total, connections, runs, log_dir))
         print(
             f"fail-over: {rounds} rounds, 3 consumer processes, producer {rate:,.0f} msgs/s; "
             f"disconnected_timeout {DISCONNECTED_TIMEOUT} s, keepalive_time {KEEPALIVE_TIME} s "
@@ -525,6 +640,7 @@ def measure(total: int, connections: int, rounds: int, rate: float) -> dict[str,
             f"server min_ping_interval {MIN_PING_INTERVAL} s"
         )
         outcome = run_failover(rounds, rate, log_dir)
+        leader_failover = measure_leader_failover(min(rounds, 5), log_dir)
     failover = sorted(r["failover_ms"] for r in outcome["rounds"])
     figures["failover_ms_p50"] = statistics.median(failover)
     figures["failover_ms_max"] = failover[-1]
@@ -541,6 +657,7 @@ def measure(total: int, connections: int, rounds: int, rate: float) -> dict[str,
         print(f"  {key:<36}{figures[key]:>10}")
     figures["keepalive_ms"] = KEEPALIVE_TIME * 1000
     figures["keepalive_timeout_ms"] = KEEPALIVE_TIMEOUT * 1000
+    figures.update(leader_failover)
     return figures
 
 
@@ -560,6 +677,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="fail-over rounds")
     parser.add_argument("--rate", type=float, default=2_000, help="producer msgs/s")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument(
+        "--part",
+        choices=("all", "registrations"),
+        default="all",
+        help="registrations: only the registrations (SQLite, memory, PostgreSQL)",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="registration runs per log")
     args = parser.parse_args()
     total = 400 if args.quick else args.registrations
     total -= total % args.connections
@@ -568,7 +692,11 @@ def main() -> None:
     # asyncio logs that (and their pending tasks) at ERROR when the clients close: noise.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
-        figures = measure(total, args.connections, rounds, args.rate)
+        if args.part == "registrations":
+            with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
+                figures = measure_registrations(total, args.connections, args.runs, Path(tmp))
+        else:
+            figures = measure(total, args.connections, rounds, args.rate, args.runs)
     finally:
         for child in _CHILDREN:
             child.kill()

@@ -207,7 +207,9 @@ def coordinator_options(command: F) -> F:
             envvar="PYKKA_DELIVERY_COORDINATOR",
             default=DEFAULT_COORDINATOR,
             show_default=True,
-            help="The coordinator's host:port [env: PYKKA_DELIVERY_COORDINATOR].",
+            help="The coordinator's host:port; with several coordinator replicas, every "
+            "one's, separated by commas (the command follows the leader) "
+            "[env: PYKKA_DELIVERY_COORDINATOR].",
         ),
         click.option(
             "--timeout",

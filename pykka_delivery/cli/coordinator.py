@@ -4,6 +4,10 @@ What the README shows in Python (a `CoordinatorActor` on a `SqliteCommandLog`, b
 `CoordinatorServer`), with its main settings as options. It prints the address it listens
 on (``--port 0`` picks a free one), runs until SIGINT or SIGTERM, then stops the server
 and the actor and exits with status 0.
+
+With ``--store postgresql://...`` it runs a `CoordinatorReplica` instead: every process
+started so on one database is a candidate, one leads, the others point clients to it
+(docs/coordinator.md, "Running two or three coordinators").
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sqlite3
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,10 +28,17 @@ from pykka_delivery.cli._errors import TLS_HINT, CommandError
 from pykka_delivery.cli._options import DEFAULT_COORDINATOR, Security, security_options
 from pykka_delivery.cli._output import print_json
 from pykka_delivery.coordinator.actor import CoordinatorActor
+from pykka_delivery.coordinator.leadership import DEFAULT_ACQUIRE_INTERVAL
+from pykka_delivery.coordinator.lease import DEFAULT_LEASE_TTL
 from pykka_delivery.coordinator.service import CoordinatorServer
 from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
 from pykka_delivery.coordinator.state import CoordinatorSettings
-from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog, SqliteCommandLog
+from pykka_delivery.coordinator.store import (
+    CommandLog,
+    CommandLogError,
+    MemoryCommandLog,
+    SqliteCommandLog,
+)
 
 if TYPE_CHECKING:
     from pykka_delivery.metrics import MetricsServer
@@ -49,10 +60,32 @@ def coordinator() -> None:
 @coordinator.command()
 @click.option(
     "--store",
-    type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="SQLite file keeping the coordinator's state across restarts (created if "
-    "missing). Without it the state lives in memory and is lost when the process ends.",
+    "missing), or a postgresql:// URL: then this process is one of several coordinator "
+    "replicas on that database, leading or pointing clients to the leader. Without it the "
+    "state lives in memory and is lost when the process ends.",
+)
+@click.option(
+    "--advertise",
+    default=None,
+    help="With a postgresql:// store: the host:port clients reach this replica at, which "
+    "the other replicas give them [default: the address listened on].",
+)
+@click.option(
+    "--lease-ttl",
+    type=_SECONDS,
+    default=DEFAULT_LEASE_TTL,
+    show_default=True,
+    help="With a postgresql:// store: seconds a leader's lease lasts unless renewed; a "
+    "dead leader is replaced within it plus --acquire-interval.",
+)
+@click.option(
+    "--acquire-interval",
+    type=_SECONDS,
+    default=DEFAULT_ACQUIRE_INTERVAL,
+    show_default=True,
+    help="With a postgresql:// store: seconds between a follower's attempts to lead.",
 )
 @click.option("--host", default=_HOST, show_default=True, help="The interface to listen on.")
 @click.option(
@@ -109,7 +142,10 @@ def coordinator() -> None:
 @logging_options("INFO")
 def serve(
     *,
-    store: Path | None,
+    store: str | None,
+    advertise: str | None,
+    lease_ttl: float,
+    acquire_interval: float,
     host: str,
     port: int,
     disconnected_timeout: float,
@@ -142,17 +178,29 @@ def serve(
         )
     except ValueError as error:
         raise CommandError(_in_options(str(error))) from error
-    log = _open_log(store)
+    replicated = store is not None and _is_postgres(store)
+    if not replicated and (advertise is not None):
+        msg = "--advertise is for replicas: give --store a postgresql:// URL"
+        raise CommandError(msg)
+    log = None if replicated else _open_log(None if store is None else Path(store))
     stop = _stop_on_signals()
     with contextlib.ExitStack() as stack:
         metrics = None if metrics_port is None else _serve_metrics(metrics_host, metrics_port)
         if metrics is not None:
             stack.callback(metrics.close)
-        actor = CoordinatorActor.start(log, settings)
-        stack.callback(actor.stop)
-        server = _start(CoordinatorServer(actor, server_settings), host, port)
-        stack.callback(server.stop)
-        _announce(server.address, store, as_json, None if metrics is None else metrics.url)
+        shown: str | None = store
+        if log is None:
+            assert store is not None
+            replica_settings = _replica_settings(advertise, lease_ttl, acquire_interval)
+            address = _start_replica(store, settings, server_settings, replica_settings, stack)
+            shown = _postgres_redact(store)
+        else:
+            actor = CoordinatorActor.start(log, settings)
+            stack.callback(actor.stop)
+            server = _start(CoordinatorServer(actor, server_settings), host, port)
+            stack.callback(server.stop)
+            address = server.address
+        _announce(address, shown, as_json, None if metrics is None else metrics.url)
         stop.wait()
         logger.info("Stopping the coordinator")
 
@@ -165,6 +213,61 @@ def _in_options(message: str) -> str:
     for setting, option in _OPTION_NAMES.items():
         message = message.replace(setting, option)
     return message
+
+
+def _is_postgres(store: str) -> bool:
+    return store.startswith(("postgresql://", "postgres://"))
+
+
+def _postgres_redact(url: str) -> str:
+    from pykka_delivery import _postgres  # noqa: PLC0415 (the postgres extra)
+
+    return _postgres.redact(url)
+
+
+def _replica_settings(advertise: str | None, ttl: float, acquire_interval: float) -> Any:
+    from pykka_delivery.coordinator.replica import ReplicaSettings  # noqa: PLC0415
+
+    try:
+        return ReplicaSettings(advertise=advertise, ttl=ttl, acquire_interval=acquire_interval)
+    except ValueError as error:
+        raise CommandError(
+            str(error).replace("ReplicaSettings: advertise", "--advertise")
+        ) from error
+
+
+def _start_replica(
+    url: str,
+    settings: CoordinatorSettings,
+    server_settings: CoordinatorServerSettings,
+    replica_settings: Any,
+    stack: contextlib.ExitStack,
+) -> str:
+    """Start a `CoordinatorReplica` (closed by ``stack``); the address it advertises."""
+    try:
+        from pykka_delivery.coordinator.replica import CoordinatorReplica  # noqa: PLC0415
+    except ImportError as error:
+        msg = (
+            "--store postgresql://... needs the postgres extra: "
+            f"pip install 'pykka-delivery[postgres]' ({error})"
+        )
+        raise CommandError(msg) from error
+    replica = CoordinatorReplica(
+        url, settings=settings, server_settings=server_settings, replica_settings=replica_settings
+    )
+    try:
+        replica.start()
+    except RuntimeError as error:
+        msg = (
+            f"cannot listen on {server_settings.host}:{server_settings.port}: {error} (check "
+            "--host; if another process holds --port, choose another, or 0 for any free one)"
+        )
+        raise CommandError(msg) from error
+    except CommandLogError as error:
+        msg = f"--store: {error}"
+        raise CommandError(msg) from error
+    stack.callback(replica.close)
+    return replica.address
 
 
 def _open_log(store: Path | None) -> CommandLog:
@@ -204,7 +307,7 @@ def _serve_metrics(host: str, port: int) -> MetricsServer:
         raise CommandError(msg) from error
 
 
-def _announce(address: str, store: Path | None, as_json: bool, metrics: str | None) -> None:
+def _announce(address: str, store: str | None, as_json: bool, metrics: str | None) -> None:
     if as_json:
         print_json(
             {

@@ -24,6 +24,7 @@ from pykka_delivery.coordinator.activations import (
     activation_changes,
 )
 from pykka_delivery.coordinator.actor import (
+    DEFAULT_MAX_BATCH,
     DEFAULT_SWEEP_INTERVAL,
     Attach,
     ConnectionSink,
@@ -92,14 +93,17 @@ from pykka_delivery.coordinator.queries import (
     list_streams,
     settings_change,
 )
+from pykka_delivery.coordinator.replica import CoordinatorReplica, ReplicaSettings
 from pykka_delivery.coordinator.service import (
     SERVICE_NAME,
     CoordinatorServer,
     CoordinatorServerStats,
 )
 from pykka_delivery.coordinator.service_settings import (
+    LEADER_METADATA_KEY,
     CoordinatorClientSettings,
     CoordinatorServerSettings,
+    coordinator_addresses,
 )
 from pykka_delivery.coordinator.state import (
     SIMPLE,
@@ -122,9 +126,11 @@ from pykka_delivery.coordinator.store import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
     "DEFAULT_SNAPSHOT_EVERY",
     "DEFAULT_SWEEP_INTERVAL",
     "HANDOVER_BUCKETS",
+    "LEADER_METADATA_KEY",
     "OK",
     "SERVICE_NAME",
     "SIMPLE",
@@ -153,6 +159,7 @@ __all__ = [
     "CoordinatorClient",
     "CoordinatorClientSettings",
     "CoordinatorRefused",
+    "CoordinatorReplica",
     "CoordinatorServer",
     "CoordinatorServerSettings",
     "CoordinatorServerStats",
@@ -188,6 +195,7 @@ __all__ = [
     "Refused",
     "RegisterConsumer",
     "Registered",
+    "ReplicaSettings",
     "Reply",
     "SendConsumerUpdate",
     "ServiceDirectory",
@@ -203,6 +211,7 @@ __all__ = [
     "WatchConnection",
     "activation_changes",
     "apply",
+    "coordinator_addresses",
     "initial_state",
     "list_groups",
     "list_nodes",

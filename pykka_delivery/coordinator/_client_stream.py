@@ -1,7 +1,14 @@
 """A `CoordinatorClient`'s connection to the service, on the client's thread: one
 ``Connect`` stream at a time, re-opened with backoff until the client closes (see the
 theory of operation in client.py), the unary queries on the same channel, and whether a
-stream is attached, told to the client's listeners."""
+stream is attached, told to the client's listeners.
+
+Several coordinator addresses (replicas on one PostgreSQL, one of them leading): a
+follower refuses the stream with UNAVAILABLE and the leader's address in the trailing
+metadata ``LEADER_METADATA_KEY``; the connection goes there at once. An address that
+cannot be reached (its channel fails) is left for the next one at once; the backoff
+applies once every address has failed in a row. Each address has its own channel, kept
+until the client closes."""
 
 from __future__ import annotations
 
@@ -11,19 +18,23 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator._client_requests import Requests
-from pykka_delivery.coordinator._loop_end import finish_other_tasks
+from pykka_delivery.coordinator._loop_end import finish_loop
 from pykka_delivery.coordinator.client_errors import (
     REJECTIONS,
     ConnectionRejected,
     CoordinatorUnavailable,
 )
-from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
+from pykka_delivery.coordinator.service_settings import (
+    LEADER_METADATA_KEY,
+    CoordinatorClientSettings,
+)
 from pykka_delivery.errors import DeliveryTimeout
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
@@ -48,7 +59,7 @@ class Attachment:
         settings: CoordinatorClientSettings,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self._address = address
+        self.address = address  # the one connected to, once connected
         self._connection_id = connection_id
         self._settings = settings
         self._loop = loop
@@ -60,7 +71,7 @@ class Attachment:
         if attached:
             self.event.set()
             logger.info(
-                "Connected to the coordinator at %s as %r", self._address, self._connection_id
+                "Connected to the coordinator at %s as %r", self.address, self._connection_id
             )
         else:
             self.event.clear()
@@ -98,8 +109,31 @@ class Attachment:
                 await asyncio.wait_for(wake.wait(), remaining)
 
 
+@dataclass(slots=True)
+class _Target:
+    """One coordinator address: its channel, stub, and the channel's state watch (gRPC
+    completes a watch only on a state change or once the channel is destroyed: kept as a
+    task so that `close` waits for it while the loop runs, a late completion aimed at a
+    closed loop being an error on whichever loop reads it)."""
+
+    channel: grpc.aio.Channel
+    stub: Any
+    watch: asyncio.Task[None] | None = None
+
+
+def leader_of(error: grpc.aio.AioRpcError) -> str | None:
+    """The leader's address a follower's UNAVAILABLE names, if any."""
+    if error.code() is not grpc.StatusCode.UNAVAILABLE:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == LEADER_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
 class Connection:
-    """The stream to the coordinator at ``address`` and the channel it runs on.
+    """The stream to the coordinator at one of ``addresses`` (the leader's) and the
+    channels it runs on.
 
     Args:
         requests: what the streams carry; every new stream starts with its
@@ -113,7 +147,7 @@ class Connection:
 
     def __init__(
         self,
-        address: str,
+        addresses: tuple[str, ...],
         settings: CoordinatorClientSettings,
         requests: Requests,
         *,
@@ -122,29 +156,39 @@ class Connection:
         tls_files: tuple[bytes, bytes, bytes] | None,
         metadata: tuple[tuple[str, str], ...],
     ) -> None:
-        self.address = address
+        self.addresses = addresses
+        self.address = addresses[0]  # the one the stream is (re)opened to
+        self._index = 0  # of the last address of ``addresses`` tried
         self._settings = settings
         self._requests = requests
         self._hello = hello
         self._attachment = attachment
         self._tls_files = tls_files
         self._metadata = metadata
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = None
+        self._targets: dict[str, _Target] = {}
         self._call: Any = None
         self._run_task: asyncio.Task[None] | None = None
-        # gRPC completes a state watch only on a state change or once the channel is
-        # destroyed: kept as a task so that `close` waits for it while the loop runs (a
-        # late completion aimed at a closed loop is an error on whichever loop reads it).
-        self._watch: asyncio.Task[None] | None = None
+        self._redirect: str | None = None  # the leader a follower named, this session
         self._streams_accepted = 0
         self._attaches = 0
 
     def begin(self) -> None:
         """On the client's loop: make the channel and start connecting."""
-        self._channel = self._new_channel()
-        self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call]
+        self._target(self.address)
         self._run_task = asyncio.get_running_loop().create_task(self._run())
+
+    def _target(self, address: str) -> _Target:
+        """The channel to ``address``, made on first use (on the client's thread)."""
+        target = self._targets.get(address)
+        if target is None:
+            channel = self._new_channel(address)
+            stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
+            target = self._targets[address] = _Target(channel, stub)
+        return target
+
+    def _next_address(self) -> str:
+        self._index = (self._index + 1) % len(self.addresses)
+        return self.addresses[self._index]
 
     async def unary(self, what: str, rpc: str, request: Any, timeout: float) -> Any:
         """Run the unary ``rpc`` (a stub method's name) with ``request``; its reply.
@@ -153,20 +197,49 @@ class Connection:
             ConnectionRejected, DeliveryTimeout, CoordinatorUnavailable: as
                 `CoordinatorClient.list_groups` says.
         """
-        call = getattr(self._stub, rpc)  # the stub is made on the client's thread
-        try:
-            return await call(
-                request, metadata=self._metadata, timeout=timeout, wait_for_ready=True
-            )
-        except grpc.aio.AioRpcError as error:
-            code = error.code()
-            if code in REJECTIONS:
-                raise ConnectionRejected(code.name, error.details() or "") from None
-            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                msg = f"CoordinatorClient: {what} got no answer within {timeout} s"
-                raise DeliveryTimeout(msg) from None
-            msg = f"{what} failed: {code.name}: {error.details()}"
-            raise CoordinatorUnavailable(msg) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        address = self.address  # the stream's: the leader, once attached
+        several = len(self.addresses) > 1
+        index = self._index
+        redirects = 0
+        while True:
+            call = getattr(self._target(address).stub, rpc)
+            try:
+                remaining = max(deadline - loop.time(), 0.001)
+                return await call(
+                    request,
+                    metadata=self._metadata,
+                    # Several: a replica that does not answer (paused) is left for the next.
+                    timeout=min(remaining, self._settings.connect_timeout)
+                    if several
+                    else remaining,
+                    # One address: wait for it; several: try the next one at once.
+                    wait_for_ready=not several and not redirects,
+                )
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                if code in REJECTIONS:
+                    raise ConnectionRejected(code.name, error.details() or "") from None
+                late = code is grpc.StatusCode.DEADLINE_EXCEEDED
+                if late and (not several or loop.time() >= deadline):
+                    msg = f"CoordinatorClient: {what} got no answer within {timeout} s"
+                    raise DeliveryTimeout(msg) from None
+                leader = leader_of(error)
+                # A follower's answer is followed (a few times: followers may name a
+                # leader that just died); an unreachable address is left for the next.
+                go_on = leader is not None and redirects < 2 * len(self.addresses)
+                go_on = go_on or (several and leader is None and (late or code is _UNAVAILABLE))
+                if not go_on or loop.time() >= deadline:
+                    msg = f"{what} failed: {code.name}: {error.details()}"
+                    raise CoordinatorUnavailable(msg) from None
+            if leader is None:
+                index = (index + 1) % len(self.addresses)
+                address = self.addresses[index]
+                await asyncio.sleep(self._settings.reconnect_backoff_min)
+            else:
+                redirects += 1
+                address = leader
 
     async def goodbye(self) -> None:
         """Say goodbye on the attached stream, half-close it, and wait (up to
@@ -188,17 +261,21 @@ class Connection:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._channel is not None:
-            await self._channel.close()
-        # Also the state watch (`_watch`), which ends once the channel is closed.
-        await finish_other_tasks(self._settings.close_timeout)
+        for target in self._targets.values():
+            await target.channel.close()
+        # Also the state watches, which end once their channels are closed, and what gRPC
+        # still owes the loop, before the client closes it.
+        await finish_loop(self._settings.close_timeout)
 
     async def _run(self) -> None:
         s = self._settings
         requests = self._requests
         delays = Backoff(s.reconnect_backoff_min, s.reconnect_backoff_max, jitter=0.2).delays()
+        count = len(self.addresses)
+        tries = 0  # streams opened since the last one attached (or the last backoff)
         while not requests.stopping:
             attaches = self._attaches
+            self._redirect = None
             try:
                 await self._session()
             except Exception:
@@ -212,15 +289,27 @@ class Connection:
                 return
             if self._attaches != attaches:
                 delays.reset()
-            await asyncio.sleep(next(delays))
+                tries = 0
+            tries += 1
+            leader = self._redirect
+            if leader is not None and leader != self.address:
+                logger.info("Following the coordinator's leader to %s", leader)
+                self.address = leader
+                if tries <= 2 * count:  # at once, unless followers keep naming a dead one
+                    continue
+            else:  # also back from a leader named earlier that is gone
+                self.address = self._next_address()
+            if tries >= count:
+                tries = 0
+                await asyncio.sleep(next(delays))
 
     async def _session(self) -> None:
         """One stream, from hello to its end."""
-        assert self._channel is not None
-        if not await self._ready():
+        target = self._target(self.address)
+        if not await self._ready(target):
             logger.info("Coordinator at %s unreachable; retrying", self.address)
             return
-        call = self._stub.Connect(metadata=self._metadata)
+        call = target.stub.Connect(metadata=self._metadata)
         requests = self._requests
         writer: asyncio.Task[None] | None = None
         try:
@@ -242,6 +331,7 @@ class Connection:
                         requests.on_listing(message.listing)
                     elif message.reply.request_id == hello_id:
                         self._attaches += 1
+                        self._attachment.address = self.address
                         self._attachment.set(True)
                     else:
                         requests.on_reply(message.reply)
@@ -255,20 +345,24 @@ class Connection:
             if self._attachment.event.is_set():
                 self._attachment.set(False)
 
-    async def _ready(self) -> bool:
+    async def _ready(self, target: _Target) -> bool:
         """Wait up to ``connect_timeout`` until the channel is ready (``channel_ready``,
-        with its state watch kept in `_watch`)."""
-        channel = self._channel
-        assert channel is not None
+        with its state watch kept in the target). With several addresses (or on the way
+        to a leader a follower named), a channel that failed to connect is not waited for:
+        the next address is tried."""
+        channel = target.channel
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.connect_timeout
         state = channel.get_state(try_to_connect=True)
         while state is not grpc.ChannelConnectivity.READY:
+            # Several addresses, or a leader a follower named: try the next one at once.
+            if state is _FAILED and (len(self.addresses) > 1 or self.address != self.addresses[0]):
+                return False
             # A watch still pending watches the current state (it ends when that changes).
-            if self._watch is None or self._watch.done():
-                self._watch = loop.create_task(channel.wait_for_state_change(state))
-            done, _ = await asyncio.wait({self._watch}, timeout=deadline - loop.time())
-            if not done or _failed(self._watch):
+            if target.watch is None or target.watch.done():
+                target.watch = loop.create_task(channel.wait_for_state_change(state))
+            done, _ = await asyncio.wait({target.watch}, timeout=deadline - loop.time())
+            if not done or _failed(target.watch):
                 return False
             state = channel.get_state(try_to_connect=True)
         return True
@@ -301,12 +395,13 @@ class Connection:
     def _on_stream_error(self, error: grpc.aio.AioRpcError) -> None:
         code = error.code()
         if code not in REJECTIONS:
+            self._redirect = leader_of(error)
             logger.info("Stream to the coordinator at %s ended: %s", self.address, code.name)
             return
         logger.error("The coordinator at %s refused us: %s", self.address, error.details())
         self._requests.reject(ConnectionRejected(code.name, error.details() or ""))
 
-    def _new_channel(self) -> grpc.aio.Channel:
+    def _new_channel(self, address: str) -> grpc.aio.Channel:
         s = self._settings
         options = [
             *keepalive_options(
@@ -316,7 +411,7 @@ class Connection:
             ),
             *reconnect_options(s.reconnect_backoff_min, s.reconnect_backoff_max),
         ]
-        return open_channel(self.address, s.tls, options, self._tls_files)
+        return open_channel(address, s.tls, options, self._tls_files)
 
 
 async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> None:
@@ -331,6 +426,10 @@ async def _write(call: Any, outbox: asyncio.Queue[pb.ClientMessage | None]) -> N
         except Exception as error:  # the call ended; its reader sees why
             logger.debug("Write to the coordinator failed: %s", error)
             return
+
+
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+_FAILED = grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
 
 def _failed(task: asyncio.Task[Any]) -> bool:

@@ -33,6 +33,7 @@ from pykka_delivery.coordinator.state import (
     CoordinatorState,
     Group,
     GroupId,
+    changed_group_ids,
 )
 
 __all__ = [
@@ -190,7 +191,7 @@ def activation_changes(
         return []  # settings, the catalog, Recover: no consumer changes its part
     b, a = before.groups, after.groups
     changes: list[ActivationChange] = []
-    for gid in sorted(gid for gid in b.keys() | a.keys() if b.get(gid) is not a.get(gid)):
+    for gid in sorted(changed_group_ids(b, a)):
         changes += _group_changes(gid, b.get(gid), a.get(gid), reason)
     return changes
 

@@ -31,6 +31,11 @@ its effects are carried out, so a crash after an update was sent never loses the
 that caused it. Refused commands and commands that leave the state as it was (a stale
 timer, `Recover`, `NodeReconnected`) are not logged: replaying them changes nothing.
 
+Group commit (`_batch.py`): told `Execute` messages are staged until the inbox is empty
+or ``max_batch`` are pending, then stored with one append. Any other message (a stop,
+`statistics`) first commits the pending batch: nothing outside sees a state not stored. A
+`LogFencedError` (another coordinator leads) stops the actor.
+
 Restart: the actor loads the state from its log, applies `UpdateSettings` if the settings
 it was given differ from the stored ones, then `Recover`: connections are watched again,
 disconnected timers re-armed, and the current updates re-sent (to sinks as they attach).
@@ -50,13 +55,36 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from typing import Any
 
 import pykka
 
+from pykka_delivery.coordinator._batch import (
+    DEFAULT_MAX_BATCH,
+    PendingBatch,
+    Staged,
+    answer,
+    answer_all,
+    fenced_error,
+    refuse_queued,
+)
 from pykka_delivery.coordinator.activations import activation_changes
+from pykka_delivery.coordinator.actor_messages import (
+    Attach,
+    ConnectionSink,
+    DeregisterService,
+    Detach,
+    Execute,
+    GetStatistics,
+    ListGroups,
+    ListStreams,
+    RegisterService,
+    ReplyTo,
+    UnwatchService,
+    WatchService,
+)
 from pykka_delivery.coordinator.commands import (
     OK,
     Command,
@@ -69,7 +97,7 @@ from pykka_delivery.coordinator.commands import (
     Refused,
     Reply,
 )
-from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceEntry, ServiceKey
+from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceKey
 from pykka_delivery.coordinator.effects import (
     CancelTimer,
     CheckConnection,
@@ -86,10 +114,11 @@ from pykka_delivery.coordinator.machine import apply
 from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
 from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
 from pykka_delivery.coordinator.stats import COUNTERS, CoordinatorStats, snapshot
-from pykka_delivery.coordinator.store import CommandLog, MemoryCommandLog
+from pykka_delivery.coordinator.store import CommandLog, LogFencedError, MemoryCommandLog
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
     "DEFAULT_SWEEP_INTERVAL",
     "Attach",
     "ConnectionSink",
@@ -102,6 +131,7 @@ __all__ = [
     "ListGroups",
     "ListStreams",
     "RegisterService",
+    "ReplyTo",
     "UnwatchService",
     "WatchService",
 ]
@@ -116,107 +146,16 @@ _DISCONNECTED = "disconnected:"
 _SERVICES = "services:"
 
 
-class ConnectionSink(Protocol):
-    """The coordinator's way to one client connection (the gRPC service implements it)."""
-
-    def send_update(self, update: SendConsumerUpdate) -> None:
-        """Queue ``update`` for the connection. Must not block; called from any thread.
-        An exception makes the coordinator treat the connection as lost."""
-        ...
-
-    def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
-        """Queue the listing of a watched service key, as `send_update`."""
-        ...
-
-
-# --- messages --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Execute:
-    """Apply ``command``. Ask: the machine's `Reply` (`Ok`, `Registered` or `Refused`)."""
-
-    command: Command
-
-
-@dataclass(frozen=True, slots=True)
-class Attach:
-    """The stream of ``connection`` is open (new or re-opened): updates for it go to
-    ``sink`` from now on, replacing an older sink. Ask: None."""
-
-    connection: str
-    sink: ConnectionSink
-
-
-@dataclass(frozen=True, slots=True)
-class Detach:
-    """The stream of ``connection`` through ``sink`` ended. Ignored unless ``sink`` is the
-    connection's current sink. ``lost``: it broke (`ConnectionLost`, the consumers wait for
-    the connection to come back); otherwise the client said goodbye (`ConnectionDown`, its
-    consumers leave). Ask: None."""
-
-    connection: str
-    sink: ConnectionSink
-    lost: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterService:
-    """Add (or replace) ``entry`` under ``key``; it belongs to ``entry.connection``.
-    Ask: `OK`."""
-
-    key: ServiceKey
-    entry: ServiceEntry
-
-
-@dataclass(frozen=True, slots=True)
-class DeregisterService:
-    """Remove ``connection``'s entry ``registration_id`` under ``key``. Ask: `OK`."""
-
-    key: ServiceKey
-    connection: str
-    registration_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class WatchService:
-    """Send ``connection`` the listing of ``key`` now and after each change. Ask: `OK`."""
-
-    key: ServiceKey
-    connection: str
-
-
-@dataclass(frozen=True, slots=True)
-class UnwatchService:
-    """Stop sending ``connection`` the listing of ``key``. Ask: `OK`."""
-
-    key: ServiceKey
-    connection: str
-
-
-@dataclass(frozen=True, slots=True)
-class ListGroups:
-    """Ask: every group (of ``namespace``, if given) with its consumers, a tuple of
-    `GroupInfo` sorted by group key."""
-
-    namespace: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ListStreams:
-    """Ask: every stream of the catalog (of ``namespace``, if given) with its partition
-    count, a tuple of `StreamInfo` sorted by stream key. Streams are created and grown
-    with ``Execute(CreateStream(...))``."""
-
-    namespace: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GetStatistics:
-    """Ask: the actor's `CoordinatorStats` (what `CoordinatorActor.statistics` returns)."""
-
-
 # --- the actor -------------------------------------------------------------------------------
+
+
+def _check_limits(sweep_interval: float, max_batch: int) -> str:
+    """What is wrong with the actor's limits ("" if nothing)."""
+    if not (math.isfinite(sweep_interval) and sweep_interval > 0):
+        return f"sweep_interval must be finite seconds above 0, got {sweep_interval!r}"
+    if type(max_batch) is not int or max_batch < 1:
+        return f"max_batch must be a whole number of commands, 1 or more, got {max_batch!r}"
+    return ""
 
 
 def _quiet_tell(ref: pykka.ActorRef[Any]) -> Callable[[TimerFired], None]:
@@ -241,10 +180,13 @@ class CoordinatorActor(pykka.ThreadingActor):
         timer_service: runs the timers; default: the process-wide one.
         sweep_interval: seconds between two stale-connection sweeps; default
             `DEFAULT_SWEEP_INTERVAL` (30 s).
+        max_batch: the most told `Execute` commands stored with one append (group
+            commit); default `DEFAULT_MAX_BATCH` (256). 1 stores each on its own.
 
     Raises:
         CommandLogError: from `start`, when ``log`` cannot be read.
-        ValueError: ``sweep_interval`` is not a finite number above 0.
+        ValueError: ``sweep_interval`` is not a finite number above 0, or ``max_batch``
+            not a whole number of 1 or more.
     """
 
     use_daemon_thread = True
@@ -257,19 +199,23 @@ class CoordinatorActor(pykka.ThreadingActor):
         clock: Callable[[], float] = time.time,
         timer_service: TimerService | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         super().__init__()
-        if not (math.isfinite(sweep_interval) and sweep_interval > 0):
+        problem = _check_limits(sweep_interval, max_batch)
+        if problem:
             if log is not None:
                 log.close()  # the actor owns the log: if it does not start, nobody closes it
-            msg = f"sweep_interval must be finite seconds above 0, got {sweep_interval!r}"
-            raise ValueError(msg)
+            raise ValueError(problem)
         self._log: CommandLog = MemoryCommandLog() if log is None else log
         self._clock = clock
         # The sweep's own reckoning: monotonic, so that a step of the wall clock (NTP, a
         # resumed VM) never makes a connection look stale early.
         self._monotonic: Callable[[], float] = time.monotonic
         self._sweep_interval = sweep_interval
+        self._max_batch = max_batch
+        self._batch = PendingBatch()
+        self._fenced = False  # the log refused an append: another coordinator leads
         self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
         self._sinks: dict[str, ConnectionSink] = {}
         self._directory = ServiceDirectory()
@@ -306,6 +252,8 @@ class CoordinatorActor(pykka.ThreadingActor):
             raise
 
     def on_stop(self) -> None:
+        with contextlib.suppress(Exception):  # a failed commit answered its requesters
+            self._flush()
         self._shut_down()
         logger.info("Coordinator stopped")
 
@@ -315,15 +263,27 @@ class CoordinatorActor(pykka.ThreadingActor):
     def _shut_down(self) -> None:
         self._timers.cancel_all()
         self._log.close()
+        stopped = pykka.ActorDeadError(f"{self.actor_ref} stopped before storing it")
+        if self._batch.items:  # a failure in the middle of a batch: it was never stored
+            before, items = self._batch.take()
+            self._state = before
+            answer_all(items, stopped)
+        refuse_queued(self.actor_inbox, stopped)
 
     # --- messages
 
     def on_receive(self, message: Any) -> Any:
+        if type(message) is Execute:
+            return self._execute(message.command, message.reply_to)
+        if self._batch.items:
+            self._flush()  # nothing outside may see a state not stored yet
+        if self._fenced:
+            if type(message) is TimerFired:
+                return None
+            raise fenced_error()
         if type(message) is TimerFired:
             self._on_timer(message)
             return None
-        if type(message) is Execute:
-            return self._submit(message.command)
         if type(message) is Attach:
             self._attach(message.connection, message.sink)
             return None
@@ -349,6 +309,7 @@ class CoordinatorActor(pykka.ThreadingActor):
     def statistics(self) -> CoordinatorStats:
         """The counters so far and the gauges now (call through ``proxy()``, or ask
         `GetStatistics`: answered in the actor's thread)."""
+        self._flush()
         book = self._book
         return snapshot(self._counters, self._state, book.activations, book.histogram())
 
@@ -494,8 +455,8 @@ class CoordinatorActor(pykka.ThreadingActor):
     # --- applying commands
 
     def _submit(self, command: Command) -> Reply:
-        """Apply ``command`` and carry out its effects, then the commands those effects
-        led to (a failed sink, a connection check), in order."""
+        """Apply ``command``, store it and carry out its effects, then the commands those
+        effects led to (a failed sink, a connection check), in order."""
         reply = self._apply(command)
         self._drain()
         return reply
@@ -505,18 +466,23 @@ class CoordinatorActor(pykka.ThreadingActor):
             self._apply(self._follow_ups.popleft())
 
     def _apply(self, command: Command) -> Reply:
-        outcome = apply(self._state, command)
-        if isinstance(outcome.reply, Refused):
-            self._count(commands_refused=1)
-            logger.info("Refused %s: %s", type(command).__name__, outcome.reply.message)
-            return outcome.reply
         before = self._state
-        changed = outcome.state != before
+        outcome = apply(before, command)
+        changed = not isinstance(outcome.reply, Refused) and outcome.state != before
         if changed:
-            # Logged before any effect: an update is never sent for a change not stored.
-            self._log.append(command)
-            self._count(commands_applied=1)
-        self._state = outcome.state
+            # Stored before any effect: an update is never sent for a change not stored.
+            self._store((command,))
+            self._state = outcome.state
+        self._carry_out(Staged(command, before, outcome, changed, None))
+        return outcome.reply
+
+    def _carry_out(self, staged: Staged) -> None:
+        """What follows a stored command: counters, activation book, effects."""
+        command, before, outcome, changed, _ = staged
+        if isinstance(outcome.reply, Refused):
+            self._counters["commands_refused"] += 1
+            logger.info("Refused %s: %s", type(command).__name__, outcome.reply.message)
+            return
         if changed:
             changes = activation_changes(before, outcome.state, command)
             self._book.record(
@@ -524,7 +490,70 @@ class CoordinatorActor(pykka.ThreadingActor):
             )
         logger.debug("Applied %r: %r, %d effects", command, outcome.reply, len(outcome.effects))
         self._run(outcome.effects)
-        return outcome.reply
+
+    def _store(self, commands: Sequence[Command], state: CoordinatorState | None = None) -> None:
+        """Store ``commands``; ``state``: what they lead to, for a log that compacts now."""
+        try:
+            if len(commands) == 1:  # its compaction, if due, reads the log back
+                self._log.append(commands[0])
+            else:
+                self._log.append_all(commands, state)
+        except LogFencedError:
+            if not self._fenced:
+                self._fenced = True
+                logger.error(
+                    "Lost leadership: another coordinator leads (the log refused an "
+                    "append); this coordinator stops serving"
+                )
+                with contextlib.suppress(pykka.ActorDeadError):  # not started yet
+                    self.stop()
+            raise
+        self._counters["commands_applied"] += len(commands)
+
+    # --- group commit
+
+    def _execute(self, command: Command, reply_to: ReplyTo | None) -> Reply | None:
+        """Stage ``command``; commit the batch now if it was asked, if the inbox is empty
+        (nothing more to group with it) or if the batch is full."""
+        try:
+            if self._fenced:
+                raise fenced_error()
+            before = self._state
+            outcome = apply(before, command)
+            changed = not isinstance(outcome.reply, Refused) and outcome.state != before
+            self._batch.add(Staged(command, before, outcome, changed, reply_to))
+            if changed:
+                self._state = outcome.state
+        except Exception as error:
+            if reply_to is None:
+                self._flush()
+                raise
+            answer(reply_to, error)
+        if reply_to is None:
+            failure = self._flush()
+            if failure is not None:
+                raise failure
+            return outcome.reply
+        if len(self._batch.items) >= self._max_batch or self.actor_inbox.empty():
+            try:
+                self._flush()
+            except Exception:  # its requesters were answered: the store of a follow-up
+                logger.exception("The coordinator failed on a follow-up command")
+        return None
+
+    def _flush(self) -> Exception | None:
+        """Commit the pending batch (if any) and apply the follow-ups of its effects; the
+        store's error if it refused the batch (its requesters were given it)."""
+        error = self._commit() if self._batch.items else None
+        self._drain()
+        return error
+
+    def _commit(self) -> Exception | None:
+        # The state staged is the one the batch's commands lead to.
+        before, error = self._batch.commit(partial(self._store, state=self._state), self._carry_out)
+        if error is not None:
+            self._state = before  # as if the batch never was: no effect has run
+        return error
 
     def _run(self, effects: Iterable[Effect]) -> None:
         for effect in effects:

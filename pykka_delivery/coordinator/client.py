@@ -14,6 +14,11 @@ Theory of operation:
   therefore never fails because of a reconnect (except an answer to a step-down, below);
   a blocking call may time out meanwhile, and the request is still sent. A registration
   the coordinator refuses on a new stream drops the subscription (``on_refused``).
+* Several coordinators (replicas on one PostgreSQL, one leading): the client is given
+  every address and keeps its stream on the leader. A follower answers with the
+  leader's address and the client goes there at once; an unreachable address is left for
+  the next one (the backoff applies once all failed). A new leader has the registrations
+  in its log, and the client registers everything again on the new stream all the same.
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout) on the client's channel and on
   the server; there is no heartbeat message. The client learns a connection is broken
   within ``keepalive_time + keepalive_timeout``; keep that well below the coordinator's
@@ -64,7 +69,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -88,7 +93,10 @@ from pykka_delivery.coordinator.client_errors import (
 from pykka_delivery.coordinator.commands import CreateStream, RegisterConsumer, Registered
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.queries import GroupInfo, StreamInfo
-from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
+from pykka_delivery.coordinator.service_settings import (
+    CoordinatorClientSettings,
+    coordinator_addresses,
+)
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError
 from pykka_delivery.protocol import coordinator_pb2 as pb
@@ -108,7 +116,9 @@ class CoordinatorClient(LagClient):
     positions and asks for the lag (`report_positions`, `lag`).
 
     Args:
-        address: the server's ``host:port``.
+        address: the server's ``host:port``; with several coordinator replicas, every
+            replica's: ``"a:7070,b:7070,c:7070"`` or a sequence of them (the client
+            follows the leader).
         connection_id: this connection's id, the same on every reconnect; default a new
             UUID. A process restarted with the id it had finds its consumers still there
             if it comes back within the coordinator's ``disconnected_timeout``.
@@ -123,14 +133,18 @@ class CoordinatorClient(LagClient):
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         connection_id: str | None = None,
         node: str | None = None,
         owner: str = "",
         settings: CoordinatorClientSettings | None = None,
     ) -> None:
-        self.address = address
+        addresses = coordinator_addresses(address)
+        self.addresses = addresses
+        """Every coordinator address given."""
+        self.address = address if isinstance(address, str) else ",".join(addresses)
+        """The address given (several: joined by commas)."""
         self.connection_id = connection_id or uuid.uuid4().hex
         self.node = node or f"{socket.gethostname()}:{os.getpid()}"
         self.owner = owner
@@ -145,12 +159,12 @@ class CoordinatorClient(LagClient):
         self._closed = False
         self._close_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
-        self._attachment = Attachment(address, self.connection_id, self.settings, self._loop)
+        self._attachment = Attachment(addresses[0], self.connection_id, self.settings, self._loop)
         # Owned by the client's thread (request ids excepted):
         self._requests = Requests(self.connection_id, self.settings, self._loop)
         self._reports = PositionReports(self.settings, self._requests, self._loop)
         self._connection = Connection(
-            address,
+            addresses,
             self.settings,
             self._requests,
             hello=(self.connection_id, self.node, self.owner),
@@ -401,9 +415,9 @@ class CoordinatorClient(LagClient):
         if threading.get_ident() == self._thread_id:
             return  # from a callback: it finishes once the callback returns
         with contextlib.suppress(Exception):
-            # Waits for the consumers to stop, for the server's end of the stream, then
-            # for gRPC's tasks: each up to close_timeout.
-            future.result(timeout=3 * self.settings.close_timeout + 5)
+            # Waits for the consumers to stop, for the server's end of the stream, for
+            # gRPC's tasks, then for what gRPC still owes the loop: each up to close_timeout.
+            future.result(timeout=4 * self.settings.close_timeout + 5)
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
@@ -509,7 +523,8 @@ class CoordinatorClient(LagClient):
         except concurrent.futures.TimeoutError:
             kind = request.message.WhichOneof("body")
             msg = (
-                f"CoordinatorClient: no answer to {kind} from {self.address} within {timeout} s "
+                f"CoordinatorClient: no answer to {kind} from {self._connection.address} within "
+                f"{timeout} s "
                 f"({'connected' if self.connected else 'not connected'}); it stays queued"
             )
             raise DeliveryTimeout(msg) from None

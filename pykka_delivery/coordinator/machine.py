@@ -73,6 +73,7 @@ from pykka_delivery.coordinator.state import (
     CoordinatorState,
     Group,
     GroupId,
+    changed_group_ids,
 )
 
 __all__ = ["Outcome", "apply", "initial_state", "replay"]
@@ -462,7 +463,9 @@ _HANDLERS: dict[type, Callable[[CoordinatorState, Any], _Result]] = {
 
 def _with_group(state: CoordinatorState, gid: GroupId, group: Group) -> CoordinatorState:
     """``state`` with ``group`` stored under ``gid``; an empty group is deleted."""
-    groups = dict(state.groups)
+    # A proxy's copy copies the dict's table; dict() would hash every GroupId again.
+    old = state.groups
+    groups = old.copy() if isinstance(old, MappingProxyType) else dict(old)
     if group.consumers:
         groups[gid] = group
     else:
@@ -522,7 +525,7 @@ def _with_bookkeeping(
     # only connections found in them need a look at the others: a registration costs a
     # scan of its own group, not of every consumer (bench/coordinator.py).
     b, a = before.groups, after.groups
-    changed = {gid for gid in b.keys() | a.keys() if b.get(gid) is not a.get(gid)}
+    changed = changed_group_ids(b, a)
     if not changed:
         return effects
 

@@ -22,9 +22,18 @@ Theory of operation:
 * Lag as data: the positions a stream reports are kept by the server itself, in a
   `LagTable` (memory only, never the actor's log: they are refreshed every second); a
   goodbye drops the connection's. ``Lag`` and `CoordinatorServer.lag` read them.
-* The actor is never asked from the loop in a blocking way: each ask is waited for on a
-  small thread pool, bounded by ``request_timeout``. An actor that does not answer ends
-  the stream with UNAVAILABLE; the client reconnects and registers again.
+* The actor is never asked from the loop in a blocking way: a command is told with a
+  callback that the actor calls once the command is stored (its group commit), other
+  asks are waited for on a small thread pool; both bounded by ``request_timeout``. An
+  actor that does not answer ends the stream with UNAVAILABLE; the client reconnects and
+  registers again.
+* Followers (several coordinators on one PostgreSQL, replica.py): a server with no actor
+  to serve, or whose leadership ran out (`lead`'s ``serving``, checked before every
+  attach, request and query, so that a leader resumed after a pause past its lease never
+  answers), refuses every call with UNAVAILABLE and the leader's address, when known, in
+  the trailing metadata `LEADER_METADATA_KEY`; clients reconnect there at once. `follow`
+  ends every open stream so, and the health service says NOT_SERVING
+  (``_serving_gate.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -45,7 +55,9 @@ import pykka
 
 from pykka_delivery import _observed
 from pykka_delivery.coordinator import lag_wire, wire
-from pykka_delivery.coordinator._loop_end import finish_other_tasks
+from pykka_delivery.coordinator._loop_end import finish_loop
+from pykka_delivery.coordinator._replies import ReplyHandoff
+from pykka_delivery.coordinator._serving_gate import SERVICE_NAME, ServingGate, always, never
 from pykka_delivery.coordinator.actor import (
     Attach,
     Detach,
@@ -54,11 +66,14 @@ from pykka_delivery.coordinator.actor import (
     ListGroups,
     ListStreams,
 )
-from pykka_delivery.coordinator.commands import OK
+from pykka_delivery.coordinator.commands import OK, Command, Reply
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.lag import LagInfo, LagTable
-from pykka_delivery.coordinator.service_settings import CoordinatorServerSettings
+from pykka_delivery.coordinator.service_settings import (
+    LEADER_METADATA_KEY,
+    CoordinatorServerSettings,
+)
 from pykka_delivery.coordinator.stats import CoordinatorStats
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.transport.grpc_setup import (
@@ -69,15 +84,13 @@ from pykka_delivery.transport.grpc_setup import (
 )
 
 __all__ = [
+    "LEADER_METADATA_KEY",
     "SERVICE_NAME",
     "CoordinatorServer",
     "CoordinatorServerStats",
 ]
 
 logger = logging.getLogger("pykka_delivery.coordinator.service")
-
-SERVICE_NAME = "pykka_delivery.coordinator.v1.Coordinator"
-"""The service's full name, also its name in the standard gRPC health service."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +108,10 @@ class CoordinatorServerStats:
         updates_sent: consumer updates written to streams.
         coordinator: the coordinator actor's statistics (groups, consumers per status,
             rebalances, hand-over durations: see `CoordinatorStats`); None when the actor
-            did not answer (stopped, or slower than ``request_timeout``).
+            did not answer (stopped, or slower than ``request_timeout``), or this server
+            follows.
+        not_leader: streams and queries refused because this server does not lead (each
+            answered with the leader's address when known).
     """
 
     streams_attached: int
@@ -106,6 +122,7 @@ class CoordinatorServerStats:
     requests: int
     updates_sent: int
     coordinator: CoordinatorStats | None = None
+    not_leader: int = 0
 
 
 @dataclass(slots=True)
@@ -117,6 +134,7 @@ class _Counters:
     malformed: int = 0
     requests: int = 0
     updates_sent: int = 0
+    not_leader: int = 0
 
     def snapshot(self) -> CoordinatorServerStats:
         return CoordinatorServerStats(**dataclasses.asdict(self))
@@ -127,9 +145,12 @@ class _Sink:
 
     Once the stream has ended, updates are dropped (the actor is told by `Detach`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue[Any]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue[Any], server: CoordinatorServer
+    ) -> None:
         self._loop = loop
         self._outbox = outbox
+        self._server = server
         self.open = True
 
     def send_update(self, update: SendConsumerUpdate) -> None:
@@ -141,6 +162,8 @@ class _Sink:
             self._put(wire.listing_message(key, entries))
 
     def _put(self, message: pb.ServerMessage) -> None:
+        if not self._server._leading():  # a leader past its lease tells nobody anything
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
             self._loop.call_soon_threadsafe(self._outbox.put_nowait, message)
 
@@ -201,6 +224,7 @@ class _Servicer:
     ) -> None:
         server = self.server
         await server._check_token(context)
+        await server._check_leading(context)
         # Tells the client its call is accepted: it writes only then, since a write racing
         # a refusal would hide the refusal's status behind an INTERNAL one (grpcio 1.85).
         await context.send_initial_metadata(())
@@ -235,11 +259,12 @@ class _Servicer:
     ) -> pb.ListGroupsReply:
         server = self.server
         await server._check_token(context)
+        await server._check_leading(context)
         namespace = request.namespace if request.HasField("namespace") else None
         try:
             groups = await server._ask(ListGroups(namespace))
         except _Unavailable as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            await server._abort_unavailable(context, str(error))
         return wire.groups_message(groups)
 
     async def ListStreams(
@@ -247,17 +272,19 @@ class _Servicer:
     ) -> pb.ListStreamsReply:
         server = self.server
         await server._check_token(context)
+        await server._check_leading(context)
         namespace = request.namespace if request.HasField("namespace") else None
         try:
             streams = await server._ask(ListStreams(namespace))
         except _Unavailable as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            await server._abort_unavailable(context, str(error))
         return wire.streams_message(streams)
 
     async def Lag(
         self, request: pb.LagRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.LagReply:
         await self.server._check_token(context)
+        await self.server._check_leading(context)
         namespace, stream, group = lag_wire.lag_filters(request)
         return lag_wire.lag_reply(self.server.lag(namespace, stream=stream, group=group))
 
@@ -278,14 +305,22 @@ class _Stream:
         self.node = hello.node or context.peer()
         self.owner = hello.owner
         self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
-        self.sink = _Sink(asyncio.get_running_loop(), self.outbox)
+        self.sink = _Sink(asyncio.get_running_loop(), self.outbox, server)
         self.task = asyncio.current_task()
         self.replaced = False
+        self.deposed = False  # this server stopped leading: the stream ends (`end_deposed`)
 
     def end_replaced(self) -> None:
         """A newer stream of the same connection attached: end this one, so that a client
         still on it (a process believed dead and replaced) learns it and stops."""
         self.replaced = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def end_deposed(self) -> None:
+        """This server no longer leads: end the stream (UNAVAILABLE, with the leader's
+        address), so that its client reconnects to the leader."""
+        self.deposed = True
         if self.task is not None:
             self.task.cancel()
 
@@ -301,6 +336,7 @@ class _Stream:
             server._streams[self.connection] = self
             if older is not None:
                 older.end_replaced()
+            server._raise_unless_leading()
             await server._ask(Attach(self.connection, self.sink))
             server._counters.streams_attached += 1
             logger.info("Connection %r (node %s) attached", self.connection, self.node)
@@ -313,11 +349,13 @@ class _Stream:
                     goodbye = True
                     break
         except asyncio.CancelledError:
-            if not self.replaced:
+            if not (self.replaced or self.deposed):
                 raise
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            if self.deposed:
+                await server._abort_unavailable(context, "this coordinator stopped leading")
             # Usually a client that reconnected before this server saw its old stream
             # end; if it repeats, two live processes share one connection_id.
             logger.info(
@@ -331,7 +369,7 @@ class _Stream:
                 "give each its own)",
             )
         except _Unavailable as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            await server._abort_unavailable(context, str(error))
         finally:
             if server._streams.get(self.connection) is self:
                 del server._streams[self.connection]
@@ -370,17 +408,19 @@ class _Stream:
     async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
         self.server._counters.requests += 1
         request: Any
+        execute = False  # a command: told, answered after its group commit
         try:
             if message.WhichOneof("body") in wire.DIRECTORY_REQUESTS:
                 request = wire.directory_request_of(message, self.connection, self.node)
                 what = type(request).__name__
             else:
-                command = wire.command_of(message, self.connection, self.node, self.owner)
-                request, what = Execute(command), type(command).__name__
+                request = wire.command_of(message, self.connection, self.node, self.owner)
+                what, execute = type(request).__name__, True
         except ValueError as error:
             return wire.invalid_request_message(message.request_id, str(error))
+        self.server._raise_unless_leading()
         try:
-            reply = await self.server._ask(request)
+            reply = await (self.server._execute if execute else self.server._ask)(request)
         except _Unavailable:
             raise
         except Exception as error:  # the actor failed on it: its store, most likely
@@ -407,12 +447,12 @@ class _Stream:
                 counters.updates_sent += 1
 
 
-class CoordinatorServer:
+class CoordinatorServer(ServingGate):
     """Serves a `CoordinatorActor` over gRPC, with the standard health service.
 
     Args:
         coordinator: the actor (``CoordinatorActor.start(...)``); the server does not
-            stop it.
+            stop it. None: the server starts as a follower (see `lead` and `follow`).
         settings: see `CoordinatorServerSettings`.
 
     Use ``with CoordinatorServer(ref) as server:`` or `start` / `stop`; clients connect to
@@ -420,14 +460,20 @@ class CoordinatorServer:
     """
 
     def __init__(
-        self, coordinator: pykka.ActorRef[Any], settings: CoordinatorServerSettings | None = None
+        self,
+        coordinator: pykka.ActorRef[Any] | None,
+        settings: CoordinatorServerSettings | None = None,
     ) -> None:
         self.coordinator = coordinator
+        # Replaced by `lead` / `follow`; read on the loop before every call is answered.
+        self._serving: Callable[[], bool] = always if coordinator is not None else never
+        self._leader: str | None = None
         self.settings = settings or CoordinatorServerSettings()
         self.address = ""  # host:port, set by start
         self._counters = _Counters()
         self._streams: dict[str, _Stream] = {}  # the newest stream of each connection (loop)
         self._loop = asyncio.new_event_loop()
+        self._replies = ReplyHandoff(self._loop)  # the actor's answers to told commands
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pykka-delivery-coordinator-server", daemon=True
         )
@@ -472,7 +518,7 @@ class CoordinatorServer:
     def _shut_down(self) -> None:
         future = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
         with contextlib.suppress(Exception):
-            future.result(timeout=2 * self.settings.shutdown_grace + 10)  # see _stop
+            future.result(timeout=3 * self.settings.shutdown_grace + 10)  # see _stop
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
@@ -489,7 +535,9 @@ class CoordinatorServer:
         """The server's counters and the coordinator actor's statistics, asked of the
         actor (waiting up to ``request_timeout``). Call it from any thread but the
         server's loop (a metrics collector, the application)."""
-        stats: CoordinatorStats | None
+        stats: CoordinatorStats | None = None
+        if self.coordinator is None or not self._leading():
+            return dataclasses.replace(self._counters.snapshot(), coordinator=None)
         try:
             stats = self.coordinator.ask(
                 GetStatistics(), block=True, timeout=self.settings.request_timeout
@@ -536,6 +584,8 @@ class CoordinatorServer:
         self._server = server  # stopped by `_stop` even if binding it fails
         server.add_generic_rpc_handlers((_Servicer(self).handler(),))
         port, self._health = await start_server(server, f"{s.host}:{s.port}", s.tls, [SERVICE_NAME])
+        if not self._leading():
+            await self._set_health(serving=False)
         return port
 
     async def _stop(self) -> None:
@@ -543,9 +593,9 @@ class CoordinatorServer:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace)
-        # gRPC's tasks of the calls the stop ended finish (up to shutdown_grace more)
-        # before `_shut_down` stops the loop.
-        await finish_other_tasks(self.settings.shutdown_grace)
+        # gRPC's tasks of the calls the stop ended finish, and gRPC delivers what it owes
+        # the loop (up to shutdown_grace more each), before `_shut_down` closes the loop.
+        await finish_loop(self.settings.shutdown_grace)
 
     async def _check_token(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if bearer_token_ok(context.invocation_metadata(), self.settings.token):
@@ -557,6 +607,11 @@ class CoordinatorServer:
             "(CoordinatorClientSettings.token)",
         )
 
+    def _raise_unless_leading(self) -> None:
+        if not self._leading():
+            msg = "this coordinator does not lead"
+            raise _Unavailable(msg)
+
     async def _ask(self, message: Any) -> Any:
         """The actor's answer to ``message``, waited for off the loop.
 
@@ -564,7 +619,11 @@ class CoordinatorServer:
             _Unavailable: the actor is stopped or did not answer within request_timeout.
         """
         timeout = self.settings.request_timeout
-        future = self.coordinator.ask(message, block=False)
+        coordinator = self.coordinator
+        if coordinator is None:  # a follower: refused before it gets here
+            msg = "this coordinator does not lead"
+            raise _Unavailable(msg)
+        future = coordinator.ask(message, block=False)
         try:
             return await self._loop.run_in_executor(
                 self._asks, partial(future.get, timeout=timeout)
@@ -576,6 +635,32 @@ class CoordinatorServer:
             msg = f"the coordinator did not answer {type(message).__name__} within {timeout} s"
             raise _Unavailable(msg) from None
 
+    async def _execute(self, command: Command) -> Reply:
+        """The actor's reply to ``command``, once stored: the actor answers through a
+        callback after its group commit (`ReplyHandoff`), with no thread-pool hop;
+        bounded by request_timeout.
+
+        Raises:
+            _Unavailable: the actor is stopped or did not answer within request_timeout.
+            Exception: the actor's, when it could not store the command.
+        """
+        coordinator = self.coordinator
+        if coordinator is None:  # a follower: refused before it gets here
+            msg = "this coordinator does not lead"
+            raise _Unavailable(msg)
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        timeout = self.settings.request_timeout
+        try:
+            coordinator.tell(Execute(command, self._replies.reply_to(future)))
+            return await asyncio.wait_for(future, timeout)
+        except pykka.ActorDeadError:
+            msg = "the coordinator is stopped: try again later"
+            raise _Unavailable(msg) from None
+        except TimeoutError:
+            msg = f"the coordinator did not answer {type(command).__name__} within {timeout} s"
+            raise _Unavailable(msg) from None
+
     def _tell(self, message: Any) -> None:
         """Send ``message`` without waiting for the answer (from any thread)."""
-        self.coordinator.ask(message, block=False)  # a dead actor: the future holds it
+        if self.coordinator is not None:
+            self.coordinator.ask(message, block=False)  # a dead actor: the future holds it

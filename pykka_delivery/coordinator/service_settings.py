@@ -4,14 +4,41 @@ named, with its default. Durations are seconds."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pykka_delivery._fields import check_field_types
 from pykka_delivery.transport.settings import TlsSettings, _is_loopback
 
-__all__ = ["CoordinatorClientSettings", "CoordinatorServerSettings"]
+__all__ = [
+    "LEADER_METADATA_KEY",
+    "CoordinatorClientSettings",
+    "CoordinatorServerSettings",
+    "coordinator_addresses",
+]
 
 _MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's options are 32-bit
+
+LEADER_METADATA_KEY = "pykka-delivery-leader"
+"""Trailing metadata of a follower's UNAVAILABLE: the leader's ``host:port``."""
+
+
+def coordinator_addresses(address: str | Sequence[str]) -> tuple[str, ...]:
+    """The coordinator addresses a client is given: one ``host:port``, several separated
+    by commas (``"a:1,b:2,c:3"``), or a sequence of them.
+
+    Raises:
+        ValueError: none given, or an empty one (``"a:1,,b:2"``).
+    """
+    parts = address.split(",") if isinstance(address, str) else list(address)
+    addresses = tuple(part.strip() for part in parts)
+    if not addresses or not all(addresses):
+        msg = (
+            f"coordinator address {address!r}: give host:port, or several separated by "
+            "commas (every coordinator replica's), none empty"
+        )
+        raise ValueError(msg)
+    return addresses
 
 
 def _check_durations(owner: object, names: tuple[str, ...]) -> None:
@@ -47,8 +74,8 @@ class CoordinatorServerSettings:
             Default 1.
         request_timeout: how long one request may wait for the coordinator actor's
             answer before the stream ends with UNAVAILABLE. Default 10.
-        ask_threads: threads that wait for the actor's answers (the loop never blocks on
-            it). Default 4.
+        ask_threads: threads that wait for the actor's answers to attaches and queries
+            (the loop never blocks on it; commands are answered by a callback). Default 4.
         hello_timeout: how long a new stream may take to send its hello before it is
             ended with DEADLINE_EXCEEDED. Default 10.
         shutdown_grace: seconds given to open streams when the server stops. Default 1.

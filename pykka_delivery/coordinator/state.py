@@ -15,6 +15,7 @@ one whose connection was lost (it may still be finishing: it blocks its group, D
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ __all__ = [
     "GroupId",
     "StreamId",
     "active_of",
+    "changed_group_ids",
 ]
 
 SIMPLE = -1
@@ -290,6 +292,31 @@ class CoordinatorSettings:
             type(self.max_partitions) is int and self.max_partitions >= 1,
             f"max_partitions must be a whole number of 1 or more, got {self.max_partitions!r}",
         )
+
+
+def changed_group_ids(
+    before: Mapping[GroupId, Group], after: Mapping[GroupId, Group]
+) -> set[GroupId]:
+    """The keys whose group is not the same object in ``before`` and ``after`` (added,
+    removed or replaced): the groups a command touched, since the machine keeps the
+    records of the others as they were.
+
+    Both are walked in order first, comparing by identity: a command's new map is a copy
+    of the old one (same order, additions last), so usually no key is hashed (a GroupId's
+    hash is a Python call, and this runs for every command)."""
+    changed: set[GroupId] = set()
+    walked = 0
+    for (kb, gb), (ka, ga) in zip(before.items(), after.items(), strict=False):
+        if kb is not ka:  # a removal shifted the order: compare by key
+            keys = before.keys() | after.keys()
+            return {gid for gid in keys if before.get(gid) is not after.get(gid)}
+        if gb is not ga:
+            changed.add(ka)
+        walked += 1
+    # The shorter map's keys are the first ``walked`` of the longer: the rest came or went.
+    longer = before if len(before) > len(after) else after
+    changed.update(itertools.islice(longer, walked, None))
+    return changed
 
 
 def _no_groups() -> Mapping[GroupId, Group]:

@@ -92,10 +92,16 @@ class CommandLog(Protocol):
         """Store ``command`` durably, after the ones before it."""
         ...
 
-    def append_all(self, commands: Sequence[Command]) -> None:
+    def append_all(
+        self, commands: Sequence[Command], state: CoordinatorState | None = None
+    ) -> None:
         """Store ``commands`` durably, in order, after the ones before them, all or none
         (one transaction: a group commit). Raises `LogFencedError` when a log shared by
-        several coordinators refuses this one's writes."""
+        several coordinators refuses this one's writes.
+
+        ``state``: the state the stored commands lead to once these are added, when the
+        caller keeps it (the coordinator does): a log that compacts now snapshots it
+        instead of reading its commands back and replaying them."""
         ...
 
     def close(self) -> None:
@@ -137,13 +143,15 @@ class MemoryCommandLog:
     def append(self, command: Command) -> None:
         self.append_all((command,))
 
-    def append_all(self, commands: Sequence[Command]) -> None:
+    def append_all(
+        self, commands: Sequence[Command], state: CoordinatorState | None = None
+    ) -> None:
         if self._closed:
             msg = "this MemoryCommandLog was closed; create a new one"
             raise ClosedError(msg)
         self.commands.extend(commands)
         if len(self.commands) >= self._snapshot_every:
-            self._snapshot = self.load()
+            self._snapshot = self.load() if state is None else state
             self.commands.clear()
 
     def close(self) -> None:
@@ -283,7 +291,9 @@ class SqliteCommandLog:
     def append(self, command: Command) -> None:
         self.append_all((command,))
 
-    def append_all(self, commands: Sequence[Command]) -> None:
+    def append_all(
+        self, commands: Sequence[Command], state: CoordinatorState | None = None
+    ) -> None:
         rows = [encode_command(command) for command in commands]
         with self._lock:
             conn = self._connection()
@@ -296,7 +306,7 @@ class SqliteCommandLog:
                 # stored (the actor would not apply what a restart replays). It is retried
                 # at the next append.
                 try:
-                    self._compact(conn)
+                    self._compact(conn, state)
                 except (sqlite3.Error, CommandLogError):
                     logger.warning(
                         "Compaction of %s failed; retried at the next append",
@@ -315,10 +325,15 @@ class SqliteCommandLog:
                 self._conn.close()
                 self._conn = None
 
-    def _compact(self, conn: sqlite3.Connection) -> None:
+    def _compact(self, conn: sqlite3.Connection, state: CoordinatorState | None = None) -> None:
+        """Snapshot the stored state (``state``, if the caller gave the one its last
+        append led to: the log is this connection's alone, so nothing came after it)."""
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            state, last_seq = self._load(conn)
+            if state is None:
+                state, last_seq = self._load(conn)
+            else:
+                last_seq = conn.execute("SELECT MAX(seq) FROM log").fetchone()[0]
             conn.execute(
                 "INSERT OR REPLACE INTO snapshot (id, seq, body) VALUES (1, ?, ?)",
                 (last_seq, snapshot_body(state)),

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import NoReturn, TypeVar
 
 from pykka_delivery import _postgres
@@ -149,8 +150,11 @@ class PostgresCommandLog:
     def append(self, command: Command) -> None:
         self.append_all((command,))
 
-    def append_all(self, commands: Sequence[Command]) -> None:
-        """Store ``commands`` in one transaction, all or none.
+    def append_all(
+        self, commands: Sequence[Command], state: CoordinatorState | None = None
+    ) -> None:
+        """Store ``commands`` in one transaction, all or none (``state``: see
+        `CommandLog.append_all`).
 
         Raises:
             LogFencedError: with a lease: another coordinator leads now, or this one's
@@ -188,7 +192,7 @@ class PostgresCommandLog:
                 # The commands are committed: a failed compaction must not report them as
                 # not stored. It is tried again at the next append.
                 try:
-                    self._attempt("compact the log", self._compact)
+                    self._attempt("compact the log", partial(self._compact, state=state))
                 except CommandLogError:
                     logger.warning(
                         "Compaction of %s failed; retried at the next append",
@@ -293,11 +297,16 @@ class PostgresCommandLog:
         ).fetchall()
         return replay_stored(snapshot, rows, self.where)
 
-    def _compact(self, conn: _postgres.Connection) -> None:
+    def _compact(self, conn: _postgres.Connection, state: CoordinatorState | None = None) -> None:
+        """Snapshot the stored state: ``state`` if the caller gave the one its last append
+        led to (under the fence, nobody else wrote after it), else read back."""
         epoch = self._epoch_to_write()
         with conn.transaction():
             self._fence(conn, epoch)
-            state, last_seq, count = self._read(conn)
+            if state is None:
+                state, last_seq, count = self._read(conn)
+            else:
+                last_seq, count = self._last_written, 1
             if count:
                 # Never replace a newer snapshot (one a later leader wrote).
                 conn.execute(

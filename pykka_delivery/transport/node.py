@@ -57,6 +57,7 @@ from pykka_delivery.protocol.messages import (
     TellsMany,
 )
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
+from pykka_delivery.transport._grpc_owed import settle_owed_completions
 from pykka_delivery.transport._peer import REFUSED, Peer, Stream
 from pykka_delivery.transport._servicer import LINK_SERVICE, NODE_METADATA, LinkServicer
 from pykka_delivery.transport._targets import missing_target_problem
@@ -210,6 +211,8 @@ class Node:
         if self._running:
             self._running = False
             await self._shutdown()
+            if self._thread is None:  # the caller's loop, which the caller may close next
+                await settle_owed_completions(self.settings.shutdown_grace)
 
     def __enter__(self) -> Node:
         return self.start()

@@ -97,7 +97,9 @@ class NodeSettings:
         reconnect_backoff_min / reconnect_backoff_max: first and largest delay between
             attempts to re-open a link, doubling with ±20 % jitter. Defaults 0.1 s and 5 s.
         connect_timeout: how long one attempt to open a link may take. Default 5 s.
-        shutdown_grace: seconds given to in-flight calls when the node stops. Default 1.
+        shutdown_grace: seconds given to in-flight calls when the node stops (on the
+            caller's loop, then again to the completions gRPC still owes that loop).
+            Default 1.
         unknown_target_report_interval: a node that drops envelopes for a name nothing is
             exposed under tells the sending node so (which names it in its handles'
             timeouts), at most once per name and link in this many seconds. Default 1.

@@ -50,3 +50,46 @@ def test_clients_closed_while_connecting_leave_no_error_for_another_loop() -> No
     assert done.stdout.strip() == "closed"
     assert "Event loop is closed" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# Each client is closed with a goodbye on an attached stream, while a coordinator
+# server's loop and a node's loop run: gRPC completes the stream's half-close a moment
+# after the call ends, and that completion came after the client's loop had closed (the
+# pipeline demo's lag client, its completion read by the coordinator server's loop).
+GOODBYE_SCRIPT = textwrap.dedent(
+    """
+    from pykka_delivery.coordinator import (
+        CoordinatorActor,
+        CoordinatorClient,
+        CoordinatorServer,
+        MemoryCommandLog,
+    )
+    from pykka_delivery.transport import Node
+
+    actor = CoordinatorActor.start(MemoryCommandLog())
+    server = CoordinatorServer(actor).start()
+    with Node() as node:
+        for _ in range(100):
+            client = CoordinatorClient(server.address, node=node.address)
+            assert client.wait_connected(30), "the client did not attach"
+            client.close()
+    server.stop()
+    actor.stop()
+    print("closed")
+    """
+)
+
+
+@pytest.mark.slow
+def test_clients_closed_with_a_goodbye_leave_no_error_for_another_loop() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", GOODBYE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "closed"
+    assert "Event loop is closed" not in done.stderr
+    assert "Traceback" not in done.stderr

@@ -251,7 +251,7 @@ def test_a_failed_compaction_does_not_fail_the_append_it_follows(
     log = SqliteCommandLog(path, snapshot_every=2)
     log.append(register("c1"))
 
-    def disk_full(conn: sqlite3.Connection) -> None:
+    def disk_full(conn: sqlite3.Connection, state: object = None) -> None:
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(log, "_compact", disk_full)

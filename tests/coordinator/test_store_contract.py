@@ -105,6 +105,23 @@ def test_append_all_stores_a_group_in_order(logs: Logs) -> None:
     assert logs.restart(log).load() == replay([register("c0"), *commands])
 
 
+def test_a_compaction_snapshots_the_state_the_caller_gives(logs: Logs) -> None:
+    """The coordinator hands its state over, so the log need not replay its commands. The
+    state given here holds one registration more than the commands: the snapshot shows
+    it was taken as given, not replayed."""
+    log = logs.open(snapshot_every=3)
+    first: list[Command] = [register("c1"), register("c2")]
+    log.append_all(first)
+    given = replay([*first, register("c3"), register("given")])
+
+    log.append_all([register("c3")], given)  # the third command: a compaction now
+
+    log = logs.restart(log)
+    assert log.load() == given
+    log.append(register("c4"))  # the commands after the snapshot still count
+    assert logs.restart(log).load() == replay([register("c4")], given)
+
+
 def test_append_all_of_nothing_stores_nothing(logs: Logs) -> None:
     log = logs.open()
 
