@@ -27,7 +27,8 @@ from pykka_delivery.coordinator.service_settings import (
 )
 
 if TYPE_CHECKING:
-    from pykka_delivery.coordinator.service import _Counters, _Stream
+    from pykka_delivery.coordinator._service_stream import _Stream
+    from pykka_delivery.coordinator.service import _Counters
 
 __all__ = ["SERVICE_NAME", "ServingGate", "always", "never"]
 

@@ -57,18 +57,15 @@ from pykka_delivery import _observed
 from pykka_delivery.coordinator import lag_wire, wire
 from pykka_delivery.coordinator._loop_end import finish_loop
 from pykka_delivery.coordinator._replies import ReplyHandoff
+from pykka_delivery.coordinator._service_stream import _read, _Stream, _Unavailable
 from pykka_delivery.coordinator._serving_gate import SERVICE_NAME, ServingGate, always, never
 from pykka_delivery.coordinator.actor import (
-    Attach,
-    Detach,
     Execute,
     GetStatistics,
     ListGroups,
     ListStreams,
 )
-from pykka_delivery.coordinator.commands import OK, Command, Reply
-from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
-from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.commands import Command, Reply
 from pykka_delivery.coordinator.lag import LagInfo, LagTable
 from pykka_delivery.coordinator.service_settings import (
     LEADER_METADATA_KEY,
@@ -79,7 +76,6 @@ from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.transport.grpc_setup import (
     bearer_token_ok,
     keepalive_options,
-    read_or_refuse,
     start_server,
 )
 
@@ -138,53 +134,6 @@ class _Counters:
 
     def snapshot(self) -> CoordinatorServerStats:
         return CoordinatorServerStats(**dataclasses.asdict(self))
-
-
-class _Sink:
-    """The `ConnectionSink` of one stream: updates queued for its writer, from any thread.
-
-    Once the stream has ended, updates are dropped (the actor is told by `Detach`)."""
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue[Any], server: CoordinatorServer
-    ) -> None:
-        self._loop = loop
-        self._outbox = outbox
-        self._server = server
-        self.open = True
-
-    def send_update(self, update: SendConsumerUpdate) -> None:
-        if self.open:
-            self._put(wire.update_message(update))
-
-    def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
-        if self.open:
-            self._put(wire.listing_message(key, entries))
-
-    def _put(self, message: pb.ServerMessage) -> None:
-        if not self._server._leading():  # a leader past its lease tells nobody anything
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
-            self._loop.call_soon_threadsafe(self._outbox.put_nowait, message)
-
-
-class _Unavailable(Exception):
-    """The coordinator actor did not answer (stopped, or slower than request_timeout)."""
-
-
-async def _read(
-    server: CoordinatorServer, context: grpc.aio.ServicerContext[Any, Any]
-) -> pb.ClientMessage | None:
-    """The next message of a Connect stream, None at its end; one that does not parse is
-    counted and ends the stream with ``INVALID_ARGUMENT`` (`read_or_refuse`)."""
-
-    def malformed() -> None:
-        server._counters.rejected += 1
-        server._counters.malformed += 1
-
-    return await read_or_refuse(
-        context, pb.ClientMessage.FromString, malformed, "a coordinator ClientMessage"
-    )
 
 
 class _Servicer:
@@ -287,164 +236,6 @@ class _Servicer:
         await self.server._check_leading(context)
         namespace, stream, group = lag_wire.lag_filters(request)
         return lag_wire.lag_reply(self.server.lag(namespace, stream=stream, group=group))
-
-
-class _Stream:
-    """One attached Connect stream: a reader applying requests in order, and a writer
-    draining the outbox (replies and updates) onto the stream."""
-
-    def __init__(
-        self,
-        server: CoordinatorServer,
-        context: grpc.aio.ServicerContext[Any, Any],
-        hello: pb.Hello,
-    ) -> None:
-        self.server = server
-        self.context = context
-        self.connection = hello.connection_id
-        self.node = hello.node or context.peer()
-        self.owner = hello.owner
-        self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
-        self.sink = _Sink(asyncio.get_running_loop(), self.outbox, server)
-        self.task = asyncio.current_task()
-        self.replaced = False
-        self.deposed = False  # this server stopped leading: the stream ends (`end_deposed`)
-
-    def end_replaced(self) -> None:
-        """A newer stream of the same connection attached: end this one, so that a client
-        still on it (a process believed dead and replaced) learns it and stops."""
-        self.replaced = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def end_deposed(self) -> None:
-        """This server no longer leads: end the stream (UNAVAILABLE, with the leader's
-        address), so that its client reconnects to the leader."""
-        self.deposed = True
-        if self.task is not None:
-            self.task.cancel()
-
-    async def run(self, hello_request_id: int) -> None:
-        server, context = self.server, self.context
-        writer = asyncio.create_task(self._write())
-        goodbye = False
-        try:
-            # The newest stream of a connection is the one the actor sends to (its Attach
-            # is queued after the older one's): the older stream ends, or its client would
-            # never learn that its updates now go elsewhere.
-            older = server._streams.get(self.connection)
-            server._streams[self.connection] = self
-            if older is not None:
-                older.end_replaced()
-            server._raise_unless_leading()
-            await server._ask(Attach(self.connection, self.sink))
-            server._counters.streams_attached += 1
-            logger.info("Connection %r (node %s) attached", self.connection, self.node)
-            self.outbox.put_nowait(wire.reply_message(hello_request_id, OK))
-            while True:
-                message = await _read(server, context)
-                if message is None:
-                    break
-                if await self._on_message(message):
-                    goodbye = True
-                    break
-        except asyncio.CancelledError:
-            if not (self.replaced or self.deposed):
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            if self.deposed:
-                await server._abort_unavailable(context, "this coordinator stopped leading")
-            # Usually a client that reconnected before this server saw its old stream
-            # end; if it repeats, two live processes share one connection_id.
-            logger.info(
-                "Connection %r attached again through a newer stream: ending this one",
-                self.connection,
-            )
-            await context.abort(
-                grpc.StatusCode.ABORTED,
-                f"connection {self.connection!r} attached again through a newer stream, "
-                "which replaces this one (if two live processes share this connection_id, "
-                "give each its own)",
-            )
-        except _Unavailable as error:
-            await server._abort_unavailable(context, str(error))
-        finally:
-            if server._streams.get(self.connection) is self:
-                del server._streams[self.connection]
-            self.sink.open = False
-            counter = "streams_closed" if goodbye else "streams_lost"
-            setattr(server._counters, counter, getattr(server._counters, counter) + 1)
-            logger.info(
-                "Connection %r %s", self.connection, "closed" if goodbye else "lost (no goodbye)"
-            )
-            # Told, not awaited: this also runs when the handler is cancelled.
-            server._tell(Detach(self.connection, self.sink, lost=not goodbye))
-            self.outbox.put_nowait(None)
-            if goodbye:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(writer, server.settings.shutdown_grace)
-            writer.cancel()
-
-    async def _on_message(self, message: pb.ClientMessage) -> bool:
-        """Carry out a message that follows the hello; True for a goodbye (the client
-        leaves: its positions go at once, its consumers when the stream ends)."""
-        kind = message.WhichOneof("body")
-        if kind == "goodbye":
-            self.server._forget_positions(self.connection)
-            return True
-        if kind == "hello":
-            await self.context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "hello is sent once, first: open a new stream to reconnect",
-            )
-        if kind == "positions":  # no reply
-            self.server._report_positions(self.connection, message.positions)
-        else:
-            self.outbox.put_nowait(await self._answer(message))
-        return False
-
-    async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
-        self.server._counters.requests += 1
-        request: Any
-        execute = False  # a command: told, answered after its group commit
-        try:
-            if message.WhichOneof("body") in wire.DIRECTORY_REQUESTS:
-                request = wire.directory_request_of(message, self.connection, self.node)
-                what = type(request).__name__
-            else:
-                request = wire.command_of(message, self.connection, self.node, self.owner)
-                what, execute = type(request).__name__, True
-        except ValueError as error:
-            return wire.invalid_request_message(message.request_id, str(error))
-        self.server._raise_unless_leading()
-        try:
-            reply = await (self.server._execute if execute else self.server._ask)(request)
-        except _Unavailable:
-            raise
-        except Exception as error:  # the actor failed on it: its store, most likely
-            logger.exception("The coordinator failed on %s", what)
-            msg = (
-                f"the coordinator failed on {what}: {error} (see its log; "
-                "the request was not applied and is sent again when the stream reopens)"
-            )
-            raise _Unavailable(msg) from error
-        return wire.reply_message(message.request_id, reply)
-
-    async def _write(self) -> None:
-        counters = self.server._counters
-        while True:
-            message = await self.outbox.get()
-            if message is None:
-                return
-            try:
-                await self.context.write(message)
-            except Exception as error:  # the stream is gone; the reader sees it end
-                logger.debug("Write to connection %r failed: %s", self.connection, error)
-                return
-            if message.WhichOneof("body") == "update":
-                counters.updates_sent += 1
 
 
 class CoordinatorServer(ServingGate):
