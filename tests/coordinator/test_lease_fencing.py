@@ -167,7 +167,7 @@ def test_an_append_in_flight_during_a_take_over_lands_before_it_and_the_new_lead
     """The append passed its fence and is held mid-transaction; the lease expires
     meanwhile; the take-over must wait for the append's commit, so the new leader's load
     sees the command the old leader was told is stored."""
-    former = candidates("a", ttl=1.0)
+    former = candidates("a", ttl=3.0)  # time enough for the append to pass its local check
     former.lease.try_acquire()
     leader = candidates("b")
     for statement in HOLD_INSERTS:
