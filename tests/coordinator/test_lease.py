@@ -18,6 +18,7 @@ from pykka_delivery.coordinator.lease import (
     renew_interval,
 )
 from pykka_delivery.coordinator.lease_postgres import PostgresLease
+from tests.harness import wait_until
 
 WAIT = 10.0
 """Bound of every wait for something to happen (an expiry, a blocked statement)."""
@@ -43,14 +44,6 @@ def leases(postgres_url: str) -> Iterator[Callable[..., PostgresLease]]:
     yield make
     for lease in made:
         lease.close()
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"still waiting for {what} after {WAIT} s")
-        time.sleep(0.02)
 
 
 def test_a_free_lease_is_acquired_under_epoch_one(leases: Callable[..., PostgresLease]) -> None:

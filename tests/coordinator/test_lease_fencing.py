@@ -16,7 +16,8 @@ from pykka_delivery.coordinator import RegisterConsumer, replay
 from pykka_delivery.coordinator.lease_postgres import PostgresLease
 from pykka_delivery.coordinator.store import LogFencedError
 from pykka_delivery.coordinator.store_postgres import PostgresCommandLog
-from tests.coordinator.test_lease import WAIT, wait_until
+from tests.coordinator.test_lease import WAIT
+from tests.harness import wait_until
 
 
 class Coordinator:

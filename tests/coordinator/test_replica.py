@@ -6,8 +6,7 @@ test_replica_processes.py."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -26,6 +25,7 @@ from pykka_delivery.coordinator.replica import CoordinatorReplica, ReplicaSettin
 from pykka_delivery.coordinator.service import LEADER_METADATA_KEY
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
+from tests.harness import wait_until
 
 GROUP = GroupId("test", "orders", "billing")
 WAIT = 20.0  # bound on every wait
@@ -49,13 +49,6 @@ def two(postgres_url: str) -> Iterator[tuple[CoordinatorReplica, CoordinatorRepl
             second.close()
     finally:
         first.close()
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def client_settings() -> CoordinatorClientSettings:

@@ -5,7 +5,6 @@ whose ``serving`` check fails, refuses every call with UNAVAILABLE naming the le
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from pykka_delivery.coordinator.service import LEADER_METADATA_KEY
 from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
 from tests.coordinator.procs import free_port
+from tests.harness import wait_until
 
 GROUP = GroupId("test", "orders", "billing")
 WAIT = 10.0
@@ -56,13 +56,6 @@ def refusal(address: str, call: Callable[[Any], Any]) -> Any:
         with pytest.raises(grpc.RpcError) as refused:
             call(stub)
     return refused.value
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,9 @@ from pykka_delivery.coordinator import (
     CoordinatorSettings,
 )
 from pykka_delivery.partitions import GroupDelivery, GroupMember, partition_for_key
+from tests.harness import wait_until
 from tests.partitions.procs import key_for
-from tests.partitions.test_groups import KEYS, STREAM, TIMEOUT, WAIT, World, wait_until
+from tests.partitions.test_groups import KEYS, STREAM, TIMEOUT, WAIT, World
 
 
 @pytest.fixture

@@ -20,18 +20,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pykka_delivery.testing import TcpProxy
 from pykka_delivery.testing.tcp_proxy import _CHUNK as CHUNK
 from pykka_delivery.testing.tcp_proxy import _HIGH_WATER as HIGH_WATER
+from tests.harness import wait_until
 
 WAIT = 5.0  # bound on every wait for something that should happen promptly
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll `predicate` until it holds; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.002)
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:

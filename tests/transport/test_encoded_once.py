@@ -32,7 +32,8 @@ from pykka_delivery import (
 from pykka_delivery.delivery.registry import LocalServiceRegistry
 from pykka_delivery.protocol import Serialization
 from pykka_delivery.transport import Node
-from tests.transport.test_unserializable import _Inbox, actors, arrivals, eventually
+from tests.harness import wait_until
+from tests.transport.test_unserializable import _Inbox, actors, arrivals
 
 __all__ = ["actors"]
 
@@ -122,7 +123,7 @@ def test_a_user_serializer_writes_each_payload_sent_to_another_process_once(
 
     assert [box.value for box in got] == list(range(50))
     # A resend (none is expected on this link) encodes its payload again.
-    eventually(
+    wait_until(
         lambda: serializer.writes == 50 + producer.statistics().resent,
         "one write per message sent, plus one per resend",
     )
@@ -200,13 +201,13 @@ def test_the_actors_send_next_to_and_ask_next_to_write_each_payload_once(
     pc.tell(ProducerController.Start(producer))
     cc.tell(RegisterToProducerController(b.ref(f"{a.address}/orders")))
 
-    eventually(lambda: len(requests) >= 1, "the first RequestNext")
+    wait_until(lambda: len(requests) >= 1, "the first RequestNext")
     requests[0].send_next_to.tell(Box(1))
-    eventually(lambda: len(requests) >= 2, "the second RequestNext")
+    wait_until(lambda: len(requests) >= 2, "the second RequestNext")
     requests[1].ask_next_to.tell(MessageWithConfirmation(Box(2), producer))
-    eventually(lambda: len(deliveries) >= 1, "the first delivery")
+    wait_until(lambda: len(deliveries) >= 1, "the first delivery")
     deliveries[0].confirm()
-    eventually(lambda: len(deliveries) >= 2, "the second delivery")
+    wait_until(lambda: len(deliveries) >= 2, "the second delivery")
 
     got = [m.message.value for m in deliveries if type(m) is Delivery]
     assert got == [1, 2]
@@ -237,7 +238,7 @@ def test_the_work_pulling_actors_send_next_to_writes_each_payload_once(
     actors += [producer, wppc]
     wppc.tell(WorkPullingProducerController.Start(producer))
 
-    eventually(lambda: len(requests) >= 1, "a RequestNext")
+    wait_until(lambda: len(requests) >= 1, "a RequestNext")
     requests[0].send_next_to.tell(Box(1))
 
     delivery = worker.receive(timeout=WAIT)
