@@ -3,17 +3,19 @@ worker processes, in one run.
 
 * Point to point (bench/durable_p2p.py): producer in this process, consumer in a child,
   window 500, one-by-one confirmation, 100-byte payloads; in memory, then durable
-  (`SqliteDurableQueue`, `Producer.send_many`) for each fsync policy, and durable with
-  plain `send` for reference. Medians of ``--runs`` interleaved runs. The ceiling of the
-  durable figures is the in-memory figure of the same run (``durable_vs_memory``).
+  (`SqliteDurableQueue`, `Producer.send_many`) for each fsync policy, durable with plain
+  `send` for reference, and durable on PostgreSQL (`PostgresDurableQueue`, `send_many`,
+  a throwaway cluster started for the run as the tests start theirs: tests/postgres.py).
+  Medians of ``--runs`` interleaved runs. The ceiling of the durable figures is the
+  in-memory figure of the same run (``durable_vs_memory``, ``postgres_vs_memory``).
 * Work pulling (bench/workpull.py): a `WorkPullingProducer` here, 1, 2 and 4 worker
   processes found through the coordinator's service directory, each spending about
   ``--work-us`` µs of CPU per message; the best of ``--repeat`` interleaved runs. The
   ceiling of 2 and 4 workers is one worker's figure from the same run (``_vs_1``).
 
 The last line printed is one JSON object with at least ``memory_msgs_per_s``,
-``durable_msgs_per_s`` (default fsync policy), ``workpull_1_msgs_per_s``,
-``workpull_2_msgs_per_s`` and ``workpull_4_msgs_per_s``.
+``durable_msgs_per_s`` (default fsync policy), ``postgres_msgs_per_s``,
+``workpull_1_msgs_per_s``, ``workpull_2_msgs_per_s`` and ``workpull_4_msgs_per_s``.
 
 Usage: python bench/durable.py [--messages N] [--workpull-messages N] [--runs R]
 [--repeat K] [--work-us U] [--quick]

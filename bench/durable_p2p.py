@@ -8,28 +8,33 @@ The producer runs in this process, the consumer in a child process (bench/p2p_gr
 * ``durable``: a `SqliteDurableQueue` with the default fsync policy (``"normal"``), sent
   with `Producer.send_many` (one store, one commit, per batch the window allows);
 * ``durable_off`` and ``durable_full``: the same with ``synchronous="off"`` and ``"full"``;
+* ``postgres``: a `PostgresDurableQueue` (default settings: ``synchronous_commit`` on) on
+  a throwaway PostgreSQL server started for the run as the tests start theirs
+  (tests/postgres.py: a unix socket, ``fsync`` off, so like SQLite's ``"normal"`` a commit
+  is written to the WAL but not flushed), a fresh database per run, `Producer.send_many`;
 * ``durable_send_one``: ``"normal"`` with plain `Producer.send` (a commit per message),
   for reference; it runs a tenth of the messages.
 
 Each figure is messages per second as the consumer sees them (from its first delivery to
 its last), the median of ``--runs`` runs made in turn (see `run`);
-``durable_vs_memory`` is the ratio of the two medians. The SQLite files are in a
-temporary directory, removed at the end. The last line printed is one JSON object with
-the figures.
+``durable_vs_memory`` and ``postgres_vs_memory`` are ratios of the medians. The SQLite
+files and the PostgreSQL server are in temporary directories, removed at the end. The
+last line printed is one JSON object with the figures.
 
-Usage: python bench/durable_p2p.py [--messages N] [--runs R] [--quick]
+Usage: python bench/durable_p2p.py [--messages N] [--runs R] [--quick] [--only K ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +43,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.p2p_grpc import PAYLOAD, child_handle  # noqa: E402
 from pykka_delivery import Producer, SqliteDurableQueue  # noqa: E402
+from pykka_delivery.delivery.stores.durable_postgres import PostgresDurableQueue  # noqa: E402
+from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue  # noqa: E402
 from pykka_delivery.delivery.stores.durable_sqlite import SqliteQueueSettings  # noqa: E402
 from pykka_delivery.transport import Node  # noqa: E402
+from tests.postgres import PostgresServer, running_server  # noqa: E402
 
 WINDOW = 500
 BATCH = 1_000  # messages per send_many call; each call stores what the window allows
@@ -71,12 +79,10 @@ def batches(count: int) -> Iterator[list[bytes]]:
         yield [PAYLOAD] * min(BATCH, count - start)
 
 
-def run_one(count: int, *, db: Path | None, synchronous: str = "normal", many: bool) -> float:
-    """msgs/s of one run: a producer (durable when ``db`` is given) sending ``count``
-    messages to a fresh consumer process."""
-    queue = None
-    if db is not None:
-        queue = SqliteDurableQueue(db, "bench", SqliteQueueSettings(synchronous=synchronous))
+def run_one(count: int, open_queue: Callable[[], DurableProducerQueue] | None, many: bool) -> float:
+    """msgs/s of one run: a producer (durable on ``open_queue()`` when given) sending
+    ``count`` messages to a fresh consumer process."""
+    queue = None if open_queue is None else open_queue()
     try:
         with Node() as node:
             producer = Producer("bench", durable_queue=queue, self_ref_factory=node.expose("bench"))
@@ -102,40 +108,66 @@ def run_one(count: int, *, db: Path | None, synchronous: str = "normal", many: b
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "memory_msgs_per_s": {"db": None, "many": False},
+    "memory_msgs_per_s": {"many": False},
     "durable_msgs_per_s": {"db": "normal.db", "many": True},
     "durable_off_msgs_per_s": {"db": "off.db", "synchronous": "off", "many": True},
     "durable_full_msgs_per_s": {"db": "full.db", "synchronous": "full", "many": True},
     "durable_send_one_msgs_per_s": {"db": "one.db", "many": False},
+    "postgres_msgs_per_s": {"postgres": True, "many": True},
 }
 
 
-def run(count: int, runs: int = 3) -> dict[str, float]:
-    """Every figure of the module docstring, with ``count`` messages per run (a tenth for
+def _opener(
+    variant: dict[str, Any], tmp: Path, round_number: int, server: PostgresServer | None
+) -> Callable[[], DurableProducerQueue] | None:
+    """How a run of ``variant`` opens its queue: a fresh SQLite file, or a fresh database
+    on ``server``; None in memory."""
+    if variant.get("postgres"):
+        assert server is not None
+        url = server.create_database()
+        return lambda: PostgresDurableQueue(url, "bench")
+    db = variant.get("db")
+    if db is None:
+        return None
+    path = tmp / f"{round_number}-{db}"
+    settings = SqliteQueueSettings(synchronous=variant.get("synchronous", "normal"))
+    return lambda: SqliteDurableQueue(path, "bench", settings)
+
+
+def run(count: int, runs: int = 3, only: tuple[str, ...] = ()) -> dict[str, float]:
+    """Every figure of the module docstring (those named in ``only``, and the in-memory
+    one, when given), with ``count`` messages per run (a tenth for
     ``durable_send_one``): each the median of ``runs`` runs, the variants interleaved
-    (memory, durable, off, full, send-one, memory, ...) so that a burst of load on the
-    shared machine slows one run of each, not every run of one variant. Each durable run
-    has an SQLite file of its own."""
-    samples: dict[str, list[float]] = {key: [] for key in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="pykka-delivery-durable-bench-") as tmp:
+    (memory, durable, off, full, send-one, postgres, memory, ...) so that a burst of load
+    on the shared machine slows one run of each, not every run of one variant. Each
+    durable run has an SQLite file or a database of its own."""
+    variants = {
+        key: v
+        for key, v in VARIANTS.items()
+        if not only or key in only or key == "memory_msgs_per_s"
+    }
+    samples: dict[str, list[float]] = {key: [] for key in variants}
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pykka-durable-bench-")))
+        server = (
+            stack.enter_context(running_server())
+            if any(v.get("postgres") for v in variants.values())
+            else None
+        )
         for round_number in range(runs):
-            for key, variant in VARIANTS.items():
-                db = variant["db"]
+            for key, variant in variants.items():
                 n = (
                     max(1_000, count // SEND_ONE_SHARE)
                     if key.endswith("send_one_msgs_per_s")
                     else count
                 )
-                samples[key].append(
-                    run_one(
-                        n,
-                        db=None if db is None else Path(tmp) / f"{round_number}-{db}",
-                        synchronous=variant.get("synchronous", "normal"),
-                        many=variant["many"],
-                    )
-                )
+                opener = _opener(variant, tmp, round_number, server)
+                samples[key].append(run_one(n, opener, variant["many"]))
     figures = {key: statistics.median(values) for key, values in samples.items()}
-    figures["durable_vs_memory"] = figures["durable_msgs_per_s"] / figures["memory_msgs_per_s"]
+    memory = figures["memory_msgs_per_s"]
+    for key in ("durable", "postgres"):
+        if f"{key}_msgs_per_s" in figures:
+            figures[f"{key}_vs_memory"] = figures[f"{key}_msgs_per_s"] / memory
     return figures
 
 
@@ -148,8 +180,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3, help="runs of each variant (median)")
     parser.add_argument("--quick", action="store_true", help="fewer messages, for a smoke run")
+    parser.add_argument(
+        "--only", nargs="*", default=(), choices=tuple(VARIANTS), help="these and memory"
+    )
     args = parser.parse_args()
-    figures = run(20_000 if args.quick else args.messages, 1 if args.quick else args.runs)
+    count, runs = (20_000, 1) if args.quick else (args.messages, args.runs)
+    figures = run(count, runs, tuple(args.only))
     for key, value in figures.items():
         print(f"{key:<32}{value:>14,.3f}" if "_vs_" in key else f"{key:<32}{value:>14,.0f}")
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))

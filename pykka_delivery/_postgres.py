@@ -42,6 +42,7 @@ __all__ = [
     "classify",
     "create_versioned",
     "in_transaction",
+    "pipelined",
     "redact",
 ]
 
@@ -243,6 +244,13 @@ def in_transaction(conn: Connection) -> bool:
     if not conn.autocommit:
         return True
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
+def pipelined(conn: Connection) -> contextlib.AbstractContextManager[Any]:
+    """``conn`` in pipeline mode for the block (its statements sent without waiting for
+    each result, so several cost one round trip), or as it is where libpq is too old for
+    it (below 14)."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext()
 
 
 UndefinedTable = pg_errors.UndefinedTable

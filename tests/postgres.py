@@ -29,7 +29,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-__all__ = ["PostgresServer", "find_binaries", "postgres", "postgres_url"]
+__all__ = ["PostgresServer", "find_binaries", "postgres", "postgres_url", "running_server"]
 
 _START_TIMEOUT_S = 60
 _MISSING = (
@@ -136,12 +136,19 @@ class PostgresServer:
         return self.url_of(name)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for this test session (see the module docstring)."""
-    binaries = find_binaries()
+@contextlib.contextmanager
+def running_server(binaries: Path | None = None) -> Iterator[PostgresServer]:
+    """A started throwaway server (see the module docstring), stopped and removed on exit
+    even on error: the fixture's, and the benchmarks'.
+
+    Raises:
+        RuntimeError: ``binaries`` is None and `find_binaries` finds none (the message
+            names the package), or the server would not start.
+    """
     if binaries is None:
-        pytest.fail(_MISSING, pytrace=False)
+        binaries = find_binaries()
+        if binaries is None:
+            raise RuntimeError(_MISSING)
     # Short path: a unix socket's path is limited to about 100 bytes.
     directory = Path(tempfile.mkdtemp(prefix="pgtest-", dir="/tmp"))
     server = PostgresServer(directory, binaries)
@@ -152,6 +159,16 @@ def postgres() -> Iterator[PostgresServer]:
         with contextlib.suppress(Exception):
             server.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for this test session (see the module docstring)."""
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.fail(_MISSING, pytrace=False)
+    with running_server(binaries) as server:
+        yield server
 
 
 @pytest.fixture

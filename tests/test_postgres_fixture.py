@@ -26,3 +26,12 @@ def test_missing_server_binaries_fail_naming_the_package(monkeypatch: pytest.Mon
 
     with pytest.raises(pytest.fail.Exception, match="apt-get install postgresql"):
         next(start)
+
+
+def test_running_server_without_the_binaries_raises_naming_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fixture_module, "find_binaries", lambda: None)
+
+    with pytest.raises(RuntimeError, match="apt-get install postgresql"):
+        fixture_module.running_server().__enter__()

@@ -137,8 +137,6 @@ class PostgresDurableQueue(ConfirmBuffer):
             DurableQueueError: PostgreSQL failed, or a stored payload cannot be read.
         """
         with self._lock, self._write("load the state") as conn:
-            self._fence(conn)
-            sql.write_confirmations(conn, self.producer_id, self._pending)
             self._cleanup_partial(conn)
             sql.take_outbox(conn, self.producer_id, self.where)
             self.claims.clear()
@@ -193,10 +191,10 @@ class PostgresDurableQueue(ConfirmBuffer):
             taken = sql.claimed_ids(self.claims, batch, self.where) if self.claims else ()
             next_seq_nr = batch[-1].seq_nr + 1
             try:
-                with self._write(f"store seq_nr {batch[0].seq_nr}..{batch[-1].seq_nr}") as conn:
-                    self._fence(conn, "current_seq_nr = %s", next_seq_nr)
-                    sql.write_confirmations(conn, self.producer_id, self._pending)
+                what = f"store seq_nr {batch[0].seq_nr}..{batch[-1].seq_nr}"
+                with self._write(what, next_seq_nr) as conn:
                     with conn.cursor() as cursor, cursor.copy(sql.COPY_SENT) as copy:
+                        copy.set_types(sql.COPY_SENT_TYPES)
                         for row in rows:
                             copy.write_row(row)
                     if taken:
@@ -236,8 +234,6 @@ class PostgresDurableQueue(ConfirmBuffer):
         with self._lock:
             self._connection()
             with self._write("clean up qualifiers") as conn:
-                self._fence(conn)
-                sql.write_confirmations(conn, self.producer_id, self._pending)
                 conn.execute(
                     "DELETE FROM durable_confirmed WHERE producer_id = %s AND qualifier = ANY(%s)",
                     (self.producer_id, gone),
@@ -324,34 +320,44 @@ class PostgresDurableQueue(ConfirmBuffer):
     # --- writing ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _write(self, what: str) -> Iterator[_postgres.Connection]:
-        """One write transaction: committed on exit, rolled back on error. PostgreSQL errors
-        become `DurableQueueError`; after one, the mirror is read again (a commit that
-        reported an error may have landed)."""
+    def _write(self, what: str, next_seq_nr: int | None = None) -> Iterator[_postgres.Connection]:
+        """One write transaction, opened with the fence (setting the next seq_nr to
+        ``next_seq_nr`` unless None) and the buffered confirmations, all in one round trip
+        (a pipeline); committed on exit, rolled back on error. PostgreSQL errors become
+        `DurableQueueError`; after one, the mirror is read again (a commit that reported an
+        error may have landed)."""
         conn = self._connection()
+        pending = self._pending
         try:
-            with conn.transaction():
+            try:
+                with _postgres.pipelined(conn):
+                    conn.execute("BEGIN")
+                    fence = conn.execute(
+                        sql.FENCE,
+                        (next_seq_nr, sql.highest_of(pending), self.producer_id, self._epoch),
+                    )
+                    sql.write_confirmations(conn, self.producer_id, pending)
+                if fence.rowcount != 1:
+                    raise self._fenced() from ValueError("fenced")
                 yield conn
+            except BaseException:
+                with contextlib.suppress(_postgres.Error):  # a broken connection ended it
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         except _postgres.Error as error:
             self._resync()
             self._fail(error, what)
 
-    def _fence(self, conn: _postgres.Connection, assignment: str = "", value: int = 0) -> None:
-        """First statement of a write: lock this producer id's row if the epoch is still
-        ours (and apply ``assignment``), else refuse: another queue opened it since."""
-        sql = "UPDATE durable_producer SET " + (assignment or "epoch = epoch")
-        params: tuple[Any, ...] = (value,) if assignment else ()
-        cursor = conn.execute(
-            sql + " WHERE producer_id = %s AND epoch = %s",
-            (*params, self.producer_id, self._epoch),
+    def _fenced(self) -> DurableQueueError:
+        """The error of a write the fence refused: another queue opened this producer id
+        since this one (raise it from a ValueError: permanent)."""
+        msg = (
+            f"{self.where}: producer id {self.producer_id!r} was opened by another queue "
+            "since this one (a newer epoch): this queue may not write any more. Close it; "
+            "only one process may run this producer."
         )
-        if cursor.rowcount != 1:
-            msg = (
-                f"{self.where}: producer id {self.producer_id!r} was opened by another queue "
-                "since this one (a newer epoch): this queue may not write any more. Close it; "
-                "only one process may run this producer."
-            )
-            raise DurableQueueError(msg) from ValueError("fenced")
+        return DurableQueueError(msg)
 
     def _after_commit(self) -> None:
         self._pending.clear()
@@ -360,9 +366,8 @@ class PostgresDurableQueue(ConfirmBuffer):
     def _flush_pending(self) -> None:
         if not self._pending:
             return
-        with self._write("store confirmations") as conn:
-            self._fence(conn)
-            sql.write_confirmations(conn, self.producer_id, self._pending)
+        with self._write("store confirmations"):
+            pass  # the confirmations are written as every write opens
         self._after_commit()
 
     def claim_outbox(self, limit: int) -> list[Any]:
@@ -417,7 +422,7 @@ class PostgresDurableQueue(ConfirmBuffer):
                     (self.producer_id,),
                 ).fetchone()
                 if row is None or int(row[0]) != self._epoch:
-                    self._fence(conn)
+                    raise self._fenced() from ValueError("fenced")
                 # A commit that failed with the connection may have landed.
                 self._current_seq_nr = sql.producer_row(conn, self.producer_id, self.where)[0]
             except _postgres.Error as error:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
@@ -92,6 +92,28 @@ CREATE TABLE IF NOT EXISTS confirmed (
     PRIMARY KEY (producer_id, qualifier)
 ) WITHOUT ROWID;
 """
+
+
+_INSERT = (
+    "INSERT INTO message_sent (producer_id, seq_nr, qualifier, ack, timestamp_millis, chunked,"
+    " first_chunk, last_chunk, serializer_id, manifest, data) VALUES "
+)
+_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ROWS_PER_INSERT = 32  # 352 parameters: below even an old SQLite's limit of 999
+_INSERT_ONE = _INSERT + _ROW
+_INSERT_MANY = _INSERT + ", ".join([_ROW] * _ROWS_PER_INSERT)
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` (`encode_row`'s), `_ROWS_PER_INSERT` per statement, the rest one by
+    one: a multi-row INSERT costs a fifth less per batch than one statement per row, and
+    two statements in all keep the connection's statement cache small."""
+    whole = len(rows) - len(rows) % _ROWS_PER_INSERT
+    for start in range(0, whole, _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        conn.execute(_INSERT_MANY, [value for row in chunk for value in row])
+    if whole < len(rows):
+        conn.executemany(_INSERT_ONE, rows[whole:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,12 +305,7 @@ class SqliteDurableQueue(ConfirmBuffer):
             next_seq_nr = batch[-1].seq_nr + 1
             with self._write(f"store seq_nr {batch[0].seq_nr}..{batch[-1].seq_nr}") as conn:
                 self._write_pending(conn)
-                conn.executemany(
-                    "INSERT INTO message_sent (producer_id, seq_nr, qualifier, ack,"
-                    " timestamp_millis, chunked, first_chunk, last_chunk, serializer_id,"
-                    " manifest, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
+                _insert_rows(conn, rows)
                 conn.execute(
                     "UPDATE producer SET current_seq_nr = ? WHERE producer_id = ?",
                     (next_seq_nr, self.producer_id),

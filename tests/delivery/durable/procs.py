@@ -5,6 +5,7 @@ the services of tests/transport/procs.py (whose `Proc` wrapper the tests use to 
 
     python -m tests.delivery.durable.procs produce --db Q --consumer HOST:PORT/NAME --count N
     python -m tests.delivery.durable.procs consume --file F --count N [--dedup-db D]
+    python -m tests.delivery.durable.procs consume --file F --count N --effects-url URL
 
 * ``produce``: a durable `Producer` on `SqliteDurableQueue(--db, --producer-id)` (a
   `PostgresDurableQueue` when ``--db`` is a ``postgresql://`` URL), exposed
@@ -27,9 +28,16 @@ the services of tests/transport/procs.py (whose `Proc` wrapper the tests use to 
   producer incarnation registers it), optionally with a `SqliteDedupStore` (``--dedup-db``).
   It appends each delivered number to ``--file`` with one ``write(2)`` (O_APPEND, so a kill
   cannot leave half a line) before confirming it, and stops after number ``--count``;
-  ``--throttle`` paces it (messages/s).
+  ``--throttle`` paces it (messages/s). With ``--effects-url`` (a ``postgresql://`` URL)
+  it is the exactly-once recipe instead (docs/durable.md, "Exactly-once effect"): its
+  store is a `PostgresTxDedupStore` in that database, and each number's effect, a row of
+  ``EFFECTS_TABLE`` (made if missing; no UNIQUE, so a duplicate shows), is inserted in
+  ``consumer.transaction(conn, delivery)`` with its position, committed, then appended to
+  ``--file`` (progress only) and confirmed.
   Lines: ``ready``, ``{"timeout": ...}`` per `DeliveryTimeout` (it gives up after
-  ``--max-timeouts``), and a summary with the consumer's statistics.
+  ``--max-timeouts``), with ``--effects-url`` ``{"skipped": n}`` when the consumer's count
+  of duplicates it did not deliver (``dedup_duplicates``) has grown, seen at the next
+  delivery, and a summary with the consumer's statistics.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+
 from pykka_delivery import (
     Consumer,
     ConsumerControllerSettings,
@@ -51,11 +61,14 @@ from pykka_delivery import (
     SqliteDedupStore,
     SqliteDurableQueue,
 )
+from pykka_delivery.delivery.stores.dedup_tx_postgres import PostgresTxDedupStore
 from pykka_delivery.delivery.stores.durable_postgres import PostgresDurableQueue
 from pykka_delivery.transport import Node, NodeSettings
 
 NUMBER_BYTES = 8
 PACING_SLACK = 0.002  # seconds ahead of the --throttle rate before the consumer sleeps
+EFFECTS_TABLE = "durable_effect"
+CONSUMER_ID = "durable-consumer"
 
 
 def _emit(**fields: Any) -> None:
@@ -105,9 +118,44 @@ def produce(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Effects:
+    """``--effects-url``: the application's connection, on which each number's row and
+    its position commit together."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE}"
+            " (id BIGSERIAL PRIMARY KEY, number BIGINT NOT NULL)"
+        )
+
+    def apply(self, consumer: Consumer, delivery: Any, number: int) -> None:
+        with consumer.transaction(self.conn, delivery):
+            self.conn.execute(f"INSERT INTO {EFFECTS_TABLE} (number) VALUES (%s)", (number,))
+
+
+def _report_skipped(consumer: Consumer, skipped: int) -> int:
+    """Emit ``{"skipped": n}`` if the duplicates ``consumer`` did not deliver grew past
+    ``skipped``; returns the count."""
+    now = consumer.statistics().dedup_duplicates
+    if now > skipped:
+        _emit(skipped=now)
+    return now
+
+
+def _stores(args: argparse.Namespace) -> tuple[Any, _Effects | None]:
+    """The consumer's deduplication store (None: none) and its effects (None: the file
+    only)."""
+    if args.effects_url:
+        return PostgresTxDedupStore(args.effects_url, CONSUMER_ID), _Effects(args.effects_url)
+    if args.dedup_db:
+        return SqliteDedupStore(args.dedup_db, CONSUMER_ID), None
+    return None, None
+
+
 def consume(args: argparse.Namespace) -> int:
     fd = os.open(args.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    store = SqliteDedupStore(args.dedup_db, "durable-consumer") if args.dedup_db else None
+    store, effects = _stores(args)
     try:
         with Node(NodeSettings(port=0)) as node:
             settings = ConsumerControllerSettings(
@@ -124,7 +172,7 @@ def consume(args: argparse.Namespace) -> int:
                 dead_letters=args.dead_letters,
             )
             _emit(ready=True, address=f"{node.address}/{args.name}")
-            received = timeouts = mismatches = 0
+            received = timeouts = mismatches = skipped = 0
             started = time.monotonic()
             while True:
                 try:
@@ -137,11 +185,15 @@ def consume(args: argparse.Namespace) -> int:
                     continue
                 number = int.from_bytes(delivery.message[:NUMBER_BYTES], "big")
                 mismatches += number != delivery.seq_nr
+                if effects is not None:
+                    skipped = _report_skipped(consumer, skipped)
                 if args.poison_every and number % args.poison_every == 0:
                     delivery.reject(f"poison {number}")  # every attempt fails
                     if number >= args.count and delivery.attempt >= args.max_attempts:
                         break
                     continue
+                if effects is not None:
+                    effects.apply(consumer, delivery, number)
                 os.write(fd, b"%d\n" % number)  # recorded before it is confirmed
                 delivery.confirm()
                 received += 1
@@ -162,6 +214,8 @@ def consume(args: argparse.Namespace) -> int:
             )
     finally:
         os.close(fd)
+        if effects is not None:
+            effects.conn.close()
         if store is not None:
             with contextlib.suppress(Exception):
                 store.close()
@@ -189,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_argument("--file", required=True)
     sub.add_argument("--count", type=int, required=True, help="stop after this number")
     sub.add_argument("--dedup-db", default=None, help="a SqliteDedupStore file (none: off)")
+    sub.add_argument(
+        "--effects-url", default=None, help="postgresql://: effects + PostgresTxDedupStore"
+    )
     sub.add_argument("--name", default="durable-consumer")
     sub.add_argument("--window", type=int, default=500, help="flow-control window")
     sub.add_argument("--resend-interval", type=float, default=1.0)

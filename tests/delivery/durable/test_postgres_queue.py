@@ -4,6 +4,7 @@ holder, the schema version, and where connections come from."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from typing import Any
 
@@ -71,6 +72,29 @@ def test_a_queue_replaced_by_another_opener_can_never_write_again(postgres_url: 
         old.close()
     state = PostgresDurableQueue(postgres_url, "p").load_state()
     assert [m.seq_nr for m in state.unconfirmed] == [1]
+
+
+def test_a_write_whose_fence_fails_writes_nothing_of_its_own_nor_its_confirmations(
+    postgres_url: str,
+) -> None:
+    """The fence and the buffered confirmations go out together: when the epoch moved
+    under a live queue, its next store is refused, permanently, and the confirmations
+    sent with it are rolled back with it."""
+    queue = PostgresDurableQueue(postgres_url, "p", PostgresQueueSettings(confirm_flush_every=9))
+    try:
+        queue.store_messages_sent([sent(1), sent(2)])
+        queue.store_message_confirmed(1, NO_QUALIFIER, 5)
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("UPDATE durable_producer SET epoch = epoch + 1")
+            with pytest.raises(DurableQueueError, match="opened by another queue") as refused:
+                queue.store_message_sent(sent(3))
+            assert is_permanent(refused.value)
+            stored = admin.execute("SELECT seq_nr FROM durable_message_sent ORDER BY 1")
+            assert stored.fetchall() == [(1,), (2,)]
+            assert admin.execute("SELECT * FROM durable_confirmed").fetchall() == []
+    finally:
+        with contextlib.suppress(DurableQueueError):  # its confirmation is refused too
+            queue.close()
 
 
 def test_a_queue_that_lost_its_connection_continues_on_a_new_one(postgres_url: str) -> None:

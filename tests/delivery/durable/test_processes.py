@@ -1,12 +1,12 @@
 """A durable producer process killed with SIGKILL again and again: nothing is lost.
 
-A consumer process (tests/delivery/durable/procs.py ``consume``) runs at one address for the whole
-test. A producer process (``produce``) with a `SqliteDurableQueue` sends the numbers
-1..`COUNT` (payload == seq_nr) to it; the test kills it with SIGKILL at random points
-(seeded: the seed is printed, and ``DURABLE_KILL_SEED=<seed>`` replays it) at least
-`MID_STREAM_KILLS` times while messages flow, once more shortly after a start, and starts
-it again on the same queue file each time, until one incarnation sends the last number
-and sees everything confirmed.
+A consumer process (tests/delivery/durable/procs.py ``consume``) runs at one address for
+the whole test (but on PostgreSQL, below). A producer process (``produce``) with a
+`SqliteDurableQueue` sends the numbers 1..`COUNT` (payload == seq_nr) to it; the test
+kills it with SIGKILL at random points (seeded: the seed is printed, and
+``DURABLE_KILL_SEED=<seed>`` replays it) at least `MID_STREAM_KILLS` times while messages
+flow, once more shortly after a start, and starts it again on the same queue file each
+time, until one incarnation sends the last number and sees everything confirmed.
 
 Each incarnation gets a new node address, so the producer registers the consumer
 (``register_consumer``): its first message, marked ``first``, starts a new session at the
@@ -25,7 +25,11 @@ What is asserted:
   queue had stored, and never after a number the queue had not stored (store, then send);
 * in both: a restarted producer always loads every seq_nr an earlier incarnation reported
   stored (``{"sent": n}`` lines: `send_many` returned, so they were stored), what it loads
-  unconfirmed is contiguous up to its next seq_nr, and at most two windows.
+  unconfirmed is contiguous up to its next seq_nr, and at most two windows;
+* on PostgreSQL (queue, and the consumer's effects with a `PostgresTxDedupStore`, the
+  exactly-once recipe): the consumer is SIGKILLed too, just before `CONSUMER_KILLS` of the
+  producer's mid-stream kills, and started again at a new address that the next producer
+  registers; the effect rows are 1..COUNT exactly once, in order.
 
 The consumer takes messages as fast as it can (no throttle), so the producer is busy
 (storing, sending, taking Requests) when it is killed, not waiting for demand.
@@ -41,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pykka_delivery.delivery.stores.dead_letters import SqliteDeadLetters
+from tests.delivery.durable import procs
 from tests.transport import test_processes as transport_processes
 from tests.transport.procs import Proc
 
@@ -59,6 +65,7 @@ WINDOW = 500  # the consumer's flow-control window
 MID_STREAM_KILLS = 5  # kills once the consumer has got a random number of new messages
 EARLY_KILLS = 1  # kills a random moment (up to EARLY_KILL_MAX s) after a producer's start
 EARLY_KILL_MAX = 0.1
+CONSUMER_KILLS = 2  # with effects in PostgreSQL: mid-stream kills that take the consumer too
 THROTTLE = 0  # messages/s the consumer takes (0: as fast as it can, so kills land in busy code)
 BOUND = 100.0  # seconds for a whole run (below pytest-timeout's 120)
 
@@ -146,18 +153,46 @@ def collect(proc: Proc, incarnation: Incarnation) -> None:
 
 @dataclass
 class KillRun:
-    """The scenario's moving parts: the consumer, its file, the producer's command line."""
+    """The scenario's moving parts: the consumer, its file, the command lines."""
 
     spawn: Spawn
-    consumer: Proc
-    produce: list[str]
+    consume: list[str]
+    produce: list[str]  # without --consumer, which is the current consumer's address
     tail: Tail
     rng: random.Random
     seed: int
     deadline: float
+    consumers: list[Proc] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # per consumer, its last "skipped"
+    address: str = ""  # the consumer's
+
+    @property
+    def consumer(self) -> Proc:
+        return self.consumers[-1]
+
+    def start_consumer(self) -> None:
+        self.consumers.append(self.spawn(f"consumer {len(self.consumers)}", *PROCS, *self.consume))
+        self.skipped.append(0)
+        self.address = self.consumer.ready()
+
+    def record_consumer(self, line: dict[str, Any]) -> None:
+        if "skipped" in line:
+            self.skipped[-1] = max(self.skipped[-1], int(line["skipped"]))
+
+    def kill_consumer(self) -> None:
+        """SIGKILL the consumer mid-flow (the producer still sending to it), then start
+        another, which the next producer registers."""
+        consumer = self.consumer
+        assert consumer.alive(), f"the consumer exited early\n{consumer.output()}"
+        consumer.kill()
+        assert consumer.popen.returncode == -9, consumer.output()
+        while not consumer.lines.empty():
+            self.record_consumer(consumer.lines.get_nowait())
+        self.start_consumer()
 
     def start_producer(self, number: int) -> tuple[Proc, Incarnation]:
-        producer = self.spawn(f"producer {number}", *PROCS, *self.produce)
+        argv = [*PROCS, *self.produce, "--consumer", self.address]
+        producer = self.spawn(f"producer {number}", *argv)
         ready = producer.expect(lambda line: bool(line.get("ready")), 30.0)
         loaded = ready["unconfirmed"]
         unconfirmed = (int(loaded[0]), int(loaded[1])) if loaded else None
@@ -176,8 +211,11 @@ class KillRun:
         incarnation.ended = "done"
         collect(producer, incarnation)
 
-    def kill(self, producer: Proc, incarnation: Incarnation, when: float | int) -> None:
-        """SIGKILL ``producer`` as `kill_plan` says."""
+    def kill(
+        self, producer: Proc, incarnation: Incarnation, when: float | int, consumer: bool
+    ) -> None:
+        """SIGKILL ``producer`` as `kill_plan` says; with ``consumer``, the consumer first
+        (then start another)."""
 
         def context() -> str:
             return f"seed {self.seed}: {incarnation}\n{producer.output()}"
@@ -195,32 +233,40 @@ class KillRun:
             time.sleep(self.rng.uniform(0.0, 0.005))  # anywhere between two reads of the file
             incarnation.ended = f"killed at consumer number {self.tail.highest}"
         assert producer.alive(), f"the producer ended before its kill; {context()}"
+        if consumer:
+            self.kill_consumer()
+            incarnation.ended += ", the consumer killed first"
         producer.kill()
         assert producer.popen.returncode == -9, context()
         collect(producer, incarnation)
 
 
 def run_with_kills(
-    spawn: Spawn, tmp_path: Path, *, dedup: bool, queue: str = ""
-) -> tuple[list[int], list[Incarnation], dict[str, Any], int]:
-    """The whole scenario; returns the consumer's numbers, the incarnations, the consumer's
-    summary and the seed. ``queue``: the producer's queue (a `postgresql://` URL), an
-    SQLite file in ``tmp_path`` when empty."""
+    spawn: Spawn, tmp_path: Path, *, dedup: bool, queue: str = "", effects: str = ""
+) -> tuple[list[int], list[Incarnation], dict[str, Any], KillRun]:
+    """The whole scenario; returns the consumer's numbers, the incarnations, the last
+    consumer's summary and the run (the seed, the consumers). ``queue``: the producer's
+    queue (a `postgresql://` URL), an SQLite file in ``tmp_path`` when empty. ``effects``:
+    a `postgresql://` URL where the consumer applies each number with its position in one
+    transaction (procs.py ``--effects-url``); it is then also killed, `CONSUMER_KILLS`
+    times, just before a mid-stream producer kill."""
     seed = kill_seed()
     rng = random.Random(seed)
     plan = kill_plan(rng)
-    print(f"\nDURABLE_KILL_SEED={seed} dedup={dedup} kills={plan}")
+    mid_stream = [i for i, when in enumerate(plan) if isinstance(when, int)]
+    with_consumer = set(rng.sample(mid_stream, CONSUMER_KILLS)) if effects else set()
+    print(f"\nDURABLE_KILL_SEED={seed} dedup={dedup} kills={plan} consumer at {with_consumer}")
     deadline = time.monotonic() + BOUND
     log = tmp_path / "received.txt"
     consume = ["consume", "--file", str(log), "--count", str(COUNT), "--window", str(WINDOW)]
     consume += ["--throttle", str(THROTTLE), "--receive-timeout", "20"]
-    if dedup:
+    if effects:
+        consume += ["--effects-url", effects]
+    elif dedup:
         consume += ["--dedup-db", str(tmp_path / "dedup.db")]
-    consumer = spawn("consumer", *PROCS, *consume)
-    db = queue or str(tmp_path / "queue.db")
-    produce = ["produce", "--db", db, "--consumer", consumer.ready()]
-    produce += ["--count", str(COUNT)]
-    run = KillRun(spawn, consumer, produce, Tail(log), rng, seed, deadline)
+    produce = ["produce", "--db", queue or str(tmp_path / "queue.db"), "--count", str(COUNT)]
+    run = KillRun(spawn, consume, produce, Tail(log), rng, seed, deadline)
+    run.start_consumer()
     incarnations: list[Incarnation] = []
     for number, when in enumerate([*plan, None]):
         producer, incarnation = run.start_producer(number)
@@ -228,10 +274,14 @@ def run_with_kills(
         if when is None:
             run.finish(producer, incarnation)
         else:
-            run.kill(producer, incarnation, when)
-    summary = consumer.expect(
-        lambda line: "received" in line and "timeout" not in line, deadline - time.monotonic()
-    )
+            run.kill(producer, incarnation, when, number in with_consumer)
+    consumer = run.consumer
+
+    def is_summary(line: dict[str, Any]) -> bool:
+        run.record_consumer(line)
+        return "received" in line and "timeout" not in line
+
+    summary = consumer.expect(is_summary, deadline - time.monotonic())
     code = consumer.wait(max(1.0, deadline - time.monotonic()))
     assert code == 0, consumer.output()
     for incarnation in incarnations:
@@ -240,9 +290,9 @@ def run_with_kills(
             f"{incarnation.current_seq_nr}, unconfirmed {incarnation.unconfirmed}, reported "
             f"sent up to {incarnation.reported_sent}, {incarnation.ended}"
         )
-    print(f"  consumer: {summary}")
+    print(f"  consumer: {summary}, duplicates skipped per consumer: {run.skipped}")
     assert summary["mismatches"] == 0, "a payload's number differed from its seq_nr"
-    return numbers_in(log), incarnations, summary, seed
+    return numbers_in(log), incarnations, summary, run
 
 
 def check_producers(incarnations: list[Incarnation], numbers: list[int], seed: int) -> None:
@@ -273,7 +323,8 @@ def test_durable_producer_killed_repeatedly_with_dedup_store_exactly_once_in_ord
     in order, over every kill. Each restarted producer resends what its queue held
     unconfirmed (the confirmations are written behind, so some of it was processed
     already); the store recognises those as at or below the consumer's position."""
-    numbers, incarnations, summary, seed = run_with_kills(spawn, tmp_path, dedup=True)
+    numbers, incarnations, summary, run = run_with_kills(spawn, tmp_path, dedup=True)
+    seed = run.seed
     check_producers(incarnations, numbers, seed)
     if numbers != list(range(1, COUNT + 1)):
         duplicated = len(numbers) - len(set(numbers))
@@ -289,15 +340,38 @@ def test_durable_producer_killed_repeatedly_with_dedup_store_exactly_once_in_ord
     )
 
 
-def test_durable_producer_on_postgres_killed_repeatedly_with_dedup_store_exactly_once(
+def test_durable_producer_on_postgres_killed_repeatedly_applies_each_effect_exactly_once(
     spawn: Spawn, tmp_path: Path, postgres_url: str
 ) -> None:
-    """The same on a `PostgresDurableQueue`: each restarted producer takes the producer id
-    over at once (the killed one's session, and its advisory lock, end with it), loads
-    every message reported stored, and the consumer sees 1..COUNT exactly once, in order."""
-    numbers, incarnations, _, seed = run_with_kills(spawn, tmp_path, dedup=True, queue=postgres_url)
-    check_producers(incarnations, numbers, seed)
-    assert numbers == list(range(1, COUNT + 1)), f"seed {seed}: not 1..{COUNT} exactly once"
+    """The same on a `PostgresDurableQueue`, the consumer applying each number as a row of
+    the database and recording its position with a `PostgresTxDedupStore` in the same
+    transaction (the exactly-once recipe), and SIGKILLed itself twice mid-flow: each
+    restarted producer takes the producer id over at once (the killed one's session and
+    its advisory lock end with it) and loads every message reported stored; each
+    restarted consumer loads the positions committed with the effects. The rows are
+    1..COUNT exactly once, in order, and the consumers skipped duplicates the producers
+    resent (the store was exercised)."""
+    numbers, incarnations, _, run = run_with_kills(
+        spawn, tmp_path, dedup=True, queue=postgres_url, effects=postgres_url
+    )
+    check_producers(incarnations, numbers, run.seed)
+    assert sum(i.ended.endswith("the consumer killed first") for i in incarnations) == (
+        CONSUMER_KILLS
+    )
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute(f"SELECT number FROM {procs.EFFECTS_TABLE} ORDER BY id").fetchall()
+    applied = [number for (number,) in rows]
+    if applied != list(range(1, COUNT + 1)):
+        missing = sorted(set(range(1, COUNT + 1)) - set(applied))[:10]
+        pytest.fail(
+            f"seed {run.seed}: {len(applied)} effects, {len(applied) - len(set(applied))} "
+            f"applied twice, missing {missing}..., first out of order at index "
+            f"{next((i for i, n in enumerate(applied) if n != i + 1), len(applied))}"
+        )
+    assert sum(run.skipped) > 0, (
+        f"seed {run.seed}: no consumer skipped a duplicate (per consumer: {run.skipped}), so "
+        "the store was not exercised"
+    )
 
 
 def test_durable_producer_killed_repeatedly_without_dedup_store_at_least_once_in_order(
@@ -308,7 +382,8 @@ def test_durable_producer_killed_repeatedly_without_dedup_store_at_least_once_in
     where its producer's queue had its first unconfirmed seq_nr, at or below the previous
     run's end + 1, so the only duplicates are messages the consumer processed whose
     confirmation the killed producer had not stored."""
-    numbers, incarnations, _, seed = run_with_kills(spawn, tmp_path, dedup=False)
+    numbers, incarnations, _, run = run_with_kills(spawn, tmp_path, dedup=False)
+    seed = run.seed
     check_producers(incarnations, numbers, seed)
     assert set(numbers) == set(range(1, COUNT + 1)), f"seed {seed}: numbers lost"
     runs = runs_of(numbers)

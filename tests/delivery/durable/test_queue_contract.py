@@ -175,6 +175,32 @@ def test_a_confirmation_removes_its_qualifiers_messages_only(stores: Stores) -> 
     assert state.current_seq_nr == 6
 
 
+def test_each_confirmation_removes_its_qualifiers_messages_since_its_previous_one(
+    stores: Stores,
+) -> None:
+    """Confirmations of two qualifiers in turn, over a restart: each removes every message
+    of its qualifier up to it, however far below the other qualifier's confirmation."""
+    queue = stores.open()
+    queue.store_messages_sent([sent(i, qualifier="ab"[i % 2]) for i in range(1, 9)])
+    queue.store_message_confirmed(6, "a", 1)
+    queue.flush()
+    queue = stores.restart(queue)
+    assert seq_nrs(queue.load_state()) == [1, 3, 5, 7, 8]
+    queue.store_message_confirmed(5, "b", 2)
+    queue.flush()
+    assert seq_nrs(stores.restart(queue).load_state()) == [7, 8]
+
+
+def test_a_batch_of_many_messages_comes_back_whole_and_in_order(stores: Stores) -> None:
+    """More messages than one statement writes (a batch is written in parts)."""
+    queue = stores.open()
+    batch = [sent(i, [i] * (i % 3), qualifier=f"q{i % 2}", ack=i % 5 == 0) for i in range(1, 72)]
+    queue.store_messages_sent(batch)
+    state = stores.restart(queue).load_state()
+    assert state.unconfirmed == tuple(batch)
+    assert state.current_seq_nr == 72
+
+
 def test_a_confirmation_not_above_the_stored_one_is_ignored(stores: Stores) -> None:
     """Contract: idempotent; a lower or equal seq_nr moves neither the seq_nr nor the time."""
     queue = stores.open()
