@@ -2,9 +2,12 @@
 
 Measured in the same run:
 
-* ``registrations``: ``--connections`` `CoordinatorClient`s in this process register
+* ``registrations``: ``--connections`` `CoordinatorClient`s register
   ``--registrations`` consumers in all, concurrently (one thread per connection, each
-  waiting for its reply before the next request), through the real gRPC service: a
+  waiting for its reply before the next request), spread over ``--client-processes``
+  child processes (default 4, as many application instances would be; 0: all in this
+  process, as the figures before 2026-11-26 were: one process's clients, sharing its
+  GIL, were the limit), through the real gRPC service: a
   `CoordinatorServer` + `CoordinatorActor` in a child process, with a `SqliteCommandLog`
   in a temporary directory (``registrations_per_s_sqlite``), a `MemoryCommandLog`, and a
   `PostgresCommandLog` on a throwaway PostgreSQL cluster (tests/postgres.py's: a unix
@@ -45,7 +48,7 @@ Defaults: 2 000 registrations over 20 connections, 10 fail-over rounds (about 40
 ``--quick``: 400 registrations, 2 rounds (about 10 s).
 
 Usage: python bench/coordinator.py [--registrations N] [--connections C] [--rounds K]
-[--rate R] [--runs N] [--part all|registrations] [--quick]
+[--rate R] [--runs N] [--client-processes P] [--part all|registrations] [--quick]
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ import json
 import logging
 import os
 import resource
-import shutil
 import signal
 import statistics
 import subprocess
@@ -97,6 +99,7 @@ from pykka_delivery.transport import Node  # noqa: E402
 PAYLOAD = b"x" * 100
 GROUP = ("bench", "orders", "billing")
 WAIT = 30.0  # bound on every single wait of the parent
+CLIENT_PROCESSES = 4  # the registrations' clients are spread over this many processes
 
 # Fail-over settings (seconds): low detection timeouts, printed with the figures.
 DISCONNECTED_TIMEOUT = 0.5
@@ -144,6 +147,42 @@ def child_coordinator(
     with CoordinatorServer(actor, server_settings) as server:
         _emit(ready=True, address=server.address, pid=os.getpid())
         threading.Event().wait()  # until killed
+
+
+def child_register(address: str, first: int, count: int, groups: int) -> None:
+    """Connections ``first .. first + count - 1`` of a registrations run: each registers
+    one consumer in each of ``groups`` groups, one thread per connection, once SIGUSR1
+    arrives; prints the CLOCK_MONOTONIC start and end and the CPU this process used."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # every thread inherits it
+    clients = [CoordinatorClient(address, owner=f"bench-{c}") for c in range(first, first + count)]
+    if not all(client.wait_connected(WAIT) for client in clients):
+        raise RuntimeError("a client did not connect")
+    go = threading.Event()
+    failures: list[BaseException] = []
+
+    def register_all(client: CoordinatorClient) -> None:
+        go.wait()
+        try:
+            for gid in _groups(groups):
+                client.register(gid, client.next_subscription_id(), lambda _: None, timeout=WAIT)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=register_all, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    _emit(ready=True)
+    signal.sigwait({signal.SIGUSR1})
+    cpu, started = _own_cpu_seconds(), time.monotonic()
+    go.set()
+    for thread in threads:
+        thread.join(WAIT * 4)
+    ended, cpu = time.monotonic(), _own_cpu_seconds() - cpu
+    if failures:
+        raise failures[0]
+    _emit(started=started, ended=ended, cpu=cpu)
+    for client in clients:
+        client.close(goodbye=False)
 
 
 def child_producer(rate: float) -> None:
@@ -348,15 +387,20 @@ def actor_rate(commands: list[RegisterConsumer], log: str) -> float:
     return len(commands) / seconds
 
 
-def service_rate(total: int, connections: int, log: str, log_dir: Path) -> dict[str, float]:
+def service_rate(
+    total: int, connections: int, log: str, log_dir: Path, processes: int = 0
+) -> dict[str, float]:
     """Registrations through the gRPC service; also the CPU each side used meanwhile, as
-    a share of one core."""
+    a share of one core. ``processes``: the clients run in that many child processes (0:
+    in this one)."""
     coordinator = Proc(
         f"coordinator-{Path(log).name}", "coordinator", [log, "0", "10", "5"], log_dir
     )
     clients: list[CoordinatorClient] = []
     try:
         address = coordinator.expect(lambda line: bool(line.get("ready")))["address"]
+        if processes:
+            return _service_rate_from_processes(total, connections, processes, address, coordinator)
         clients = [CoordinatorClient(address, owner=f"bench-{c}") for c in range(connections)]
         for client in clients:
             if not client.wait_connected(WAIT):
@@ -403,6 +447,48 @@ def service_rate(total: int, connections: int, log: str, log_dir: Path) -> dict[
     }
 
 
+def _service_rate_from_processes(
+    total: int, connections: int, processes: int, address: str, coordinator: Proc
+) -> dict[str, float]:
+    """`service_rate` with the connections spread over ``processes`` child processes."""
+    groups = total // connections
+    shares = [connections // processes + (p < connections % processes) for p in range(processes)]
+    firsts = [sum(shares[:p]) for p in range(processes)]
+    log_dir = coordinator.stderr_path.parent
+    procs = [
+        Proc(
+            f"clients-{p}",
+            "register",
+            [address, str(firsts[p]), str(shares[p]), str(groups)],
+            log_dir,
+        )
+        for p in range(processes)
+        if shares[p]
+    ]
+    try:
+        for proc in procs:
+            proc.expect(lambda line: bool(line.get("ready")))
+        cpu_coordinator = _cpu_seconds(coordinator.pid)
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGUSR1)
+        done = [proc.expect(lambda line: "ended" in line) for proc in procs]
+        cpu_coordinator = _cpu_seconds(coordinator.pid) - cpu_coordinator
+        seconds = max(d["ended"] for d in done) - min(d["started"] for d in done)
+        with contextlib.closing(CoordinatorClient(address, owner="bench-check")) as client:
+            registered = sum(len(g.consumers) for g in client.list_groups("bench"))
+        if registered != groups * connections:
+            raise coordinator.failure(f"{registered} consumers registered, expected more")
+    finally:
+        for proc in procs:
+            proc.kill()
+    return {
+        "per_s": registered / seconds,
+        "coordinator_cpu": cpu_coordinator / seconds,
+        "clients_cpu": sum(d["cpu"] for d in done) / seconds,
+        "coordinator_us": cpu_coordinator / registered * 1e6,
+    }
+
+
 # --- registrations: group commit on SQLite and PostgreSQL ----------------------------------
 
 
@@ -428,7 +514,7 @@ def postgres_server() -> Iterator[Any]:
     server binaries or the PostgreSQL command log are missing."""
     try:
         from pykka_delivery.coordinator import store_postgres  # noqa: F401, PLC0415
-        from tests.postgres import PostgresServer, find_binaries  # noqa: PLC0415
+        from tests.postgres import find_binaries, running_server  # noqa: PLC0415
     except ImportError as error:
         print(f"  no PostgreSQL figures: {error}")
         yield None
@@ -438,15 +524,8 @@ def postgres_server() -> Iterator[Any]:
         print("  no PostgreSQL figures: initdb and pg_ctl not found (apt-get install postgresql)")
         yield None
         return
-    directory = Path(tempfile.mkdtemp(prefix="pgbench-", dir="/tmp"))  # short socket path
-    server = PostgresServer(directory, binaries)
-    try:
-        server.start()
+    with running_server(binaries) as server:
         yield server
-    finally:
-        with contextlib.suppress(Exception):
-            server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _median_run(results: list[dict[str, float]]) -> dict[str, float]:
@@ -454,13 +533,14 @@ def _median_run(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 def measure_registrations(
-    total: int, connections: int, runs: int, log_dir: Path
+    total: int, connections: int, runs: int, log_dir: Path, processes: int = CLIENT_PROCESSES
 ) -> dict[str, float]:
     """Registrations through gRPC, ``runs`` runs on each log interleaved (each with a
     fresh log), each figure the median run; and the ceilings of the same commands."""
     commands = registration_commands(total, connections)
+    where = f"in {processes} client processes" if processes else "in this process"
     print(
-        f"registrations: {total} over {connections} connections into "
+        f"registrations: {total} over {connections} connections ({where}) into "
         f"{total // connections} simple groups ({connections} consumers each), "
         f"median of {runs} runs"
     )
@@ -474,11 +554,13 @@ def measure_registrations(
     with postgres_server() as postgres:
         for run in range(runs):
             sqlite_path = str(log_dir / f"service-{run}.sqlite")
-            results["sqlite"].append(service_rate(total, connections, sqlite_path, log_dir))
-            results["memory"].append(service_rate(total, connections, "memory", log_dir))
+            for name, log in (("sqlite", sqlite_path), ("memory", "memory")):
+                results[name].append(service_rate(total, connections, log, log_dir, processes))
             if postgres is not None:
                 url = postgres.create_database()
-                results["postgres"].append(service_rate(total, connections, url, log_dir))
+                results["postgres"].append(
+                    service_rate(total, connections, url, log_dir, processes)
+                )
     sqlite, memory = _median_run(results["sqlite"]), _median_run(results["memory"])
     figures["registrations_per_s_sqlite"] = sqlite["per_s"]
     figures["registrations_per_s"] = sqlite["per_s"]  # the name of the figures before
@@ -488,6 +570,7 @@ def measure_registrations(
         figures["registrations_per_s_postgres"] = postgres_run["per_s"]
         figures["coordinator_us_per_registration_postgres"] = postgres_run["coordinator_us"]
     figures["registrations_vs_machine"] = sqlite["per_s"] / machine["per_s"]
+    figures["client_processes"] = processes
     figures["coordinator_cpu_share"] = sqlite["coordinator_cpu"]
     figures["clients_cpu_share"] = sqlite["clients_cpu"]
     figures["coordinator_us_per_registration"] = sqlite["coordinator_us"]
@@ -628,11 +711,13 @@ def measure_leader_failover(rounds: int, log_dir: Path) -> dict[str, float]:
     return figures
 
 
-def measure(total: int, connections: int, rounds: int, rate: float, runs: int) -> dict[str, Any]:
+def measure(
+    total: int, connections: int, rounds: int, rate: float, runs: int, *, processes: int
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
         log_dir = Path(tmp)
-        figures.update(measure_registrations(total, connections, runs, log_dir))
+        figures.update(measure_registrations(total, connections, runs, log_dir, processes))
         print(
             f"fail-over: {rounds} rounds, 3 consumer processes, producer {rate:,.0f} msgs/s; "
             f"disconnected_timeout {DISCONNECTED_TIMEOUT} s, keepalive_time {KEEPALIVE_TIME} s "
@@ -666,6 +751,8 @@ def main() -> None:
         role, *args = sys.argv[2:]
         if role == "coordinator":
             child_coordinator(args[0], float(args[1]), float(args[2]), float(args[3]))
+        elif role == "register":
+            child_register(args[0], int(args[1]), int(args[2]), int(args[3]))
         elif role == "producer":
             child_producer(float(args[0]))
         else:
@@ -684,6 +771,12 @@ def main() -> None:
         help="registrations: only the registrations (SQLite, memory, PostgreSQL)",
     )
     parser.add_argument("--runs", type=int, default=3, help="registration runs per log")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=CLIENT_PROCESSES,
+        help="registrations: the clients' processes (0: the clients in this process)",
+    )
     args = parser.parse_args()
     total = 400 if args.quick else args.registrations
     total -= total % args.connections
@@ -694,9 +787,18 @@ def main() -> None:
     try:
         if args.part == "registrations":
             with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
-                figures = measure_registrations(total, args.connections, args.runs, Path(tmp))
+                figures = measure_registrations(
+                    total, args.connections, args.runs, Path(tmp), args.client_processes
+                )
         else:
-            figures = measure(total, args.connections, rounds, args.rate, args.runs)
+            figures = measure(
+                total,
+                args.connections,
+                rounds,
+                args.rate,
+                args.runs,
+                processes=args.client_processes,
+            )
     finally:
         for child in _CHILDREN:
             child.kill()

@@ -203,8 +203,13 @@ def _group_changes(
         return []
     group = after if after is not None else before
     assert group is not None
-    old = {} if before is None else {c.key: c for c in before.consumers}
-    new = {} if after is None else {c.key: c for c in after.consumers}
+    was_there = () if before is None else before.consumers
+    is_there = () if after is None else after.consumers
+    # A consumer the machine kept as it was (the same object) did not change: only the
+    # others are keyed and compared (a registration changes one of the group's).
+    kept = set(map(id, was_there)).intersection(map(id, is_there))
+    old = {c.key: c for c in was_there if id(c) not in kept}
+    new = {c.key: c for c in is_there if id(c) not in kept}
     replaced = None if before is None else before.active()
 
     def change(

@@ -441,17 +441,31 @@ class CoordinatorServer(ServingGate):
             raise _Unavailable(msg)
         future: asyncio.Future[Reply] = self._loop.create_future()
         timeout = self.settings.request_timeout
+        # A timer on the future itself: asyncio.wait_for costs a second future and more
+        # callbacks, on every request.
+        expiry = self._loop.call_later(timeout, _expire, future)
         try:
             coordinator.tell(Execute(command, self._replies.reply_to(future)))
-            return await asyncio.wait_for(future, timeout)
+            return await future
         except pykka.ActorDeadError:
             msg = "the coordinator is stopped: try again later"
             raise _Unavailable(msg) from None
-        except TimeoutError:
+        except _Expired:
             msg = f"the coordinator did not answer {type(command).__name__} within {timeout} s"
             raise _Unavailable(msg) from None
+        finally:
+            expiry.cancel()
 
     def _tell(self, message: Any) -> None:
         """Send ``message`` without waiting for the answer (from any thread)."""
         if self.coordinator is not None:
             self.coordinator.ask(message, block=False)  # a dead actor: the future holds it
+
+
+class _Expired(Exception):
+    """A told command's answer did not come within request_timeout."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -304,18 +305,14 @@ def changed_group_ids(
     Both are walked in order first, comparing by identity: a command's new map is a copy
     of the old one (same order, additions last), so usually no key is hashed (a GroupId's
     hash is a Python call, and this runs for every command)."""
-    changed: set[GroupId] = set()
-    walked = 0
-    for (kb, gb), (ka, ga) in zip(before.items(), after.items(), strict=False):
-        if kb is not ka:  # a removal shifted the order: compare by key
-            keys = before.keys() | after.keys()
-            return {gid for gid in keys if before.get(gid) is not after.get(gid)}
-        if gb is not ga:
-            changed.add(ka)
-        walked += 1
-    # The shorter map's keys are the first ``walked`` of the longer: the rest came or went.
+    # The walks run in C (map, compress): this runs for every command, twice.
+    if not all(map(operator.is_, before, after)):  # a removal shifted the order
+        keys = before.keys() | after.keys()
+        return {gid for gid in keys if before.get(gid) is not after.get(gid)}
+    changed = set(itertools.compress(after, map(operator.is_not, before.values(), after.values())))
+    # The shorter map's keys are the first of the longer: the rest came or went.
     longer = before if len(before) > len(after) else after
-    changed.update(itertools.islice(longer, walked, None))
+    changed.update(itertools.islice(longer, min(len(before), len(after)), None))
     return changed
 
 

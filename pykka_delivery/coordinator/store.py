@@ -383,9 +383,13 @@ def replay_stored(
     return replay(commands, state), last_seq, len(commands)
 
 
+# One encoder for every command and snapshot: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def snapshot_body(state: CoordinatorState) -> str:
     """The stored form of a snapshot of ``state`` (JSON of `encode_state`)."""
-    return json.dumps(encode_state(state), allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(encode_state(state))
 
 
 # --- encoding ----------------------------------------------------------------------------------
@@ -408,11 +412,11 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
 
 def encode_command(command: Command) -> tuple[str, str]:
     """``(kind, body)``: the command's class name and its fields as JSON."""
-    if type(command).__name__ not in _command_classes():
+    kind = type(command).__name__
+    if kind not in _command_classes():
         msg = f"cannot store {command!r}: not a coordinator command"
         raise TypeError(msg)
-    body = json.dumps(_to_json(command), allow_nan=False, separators=(",", ":"))
-    return type(command).__name__, body
+    return kind, _ENCODER.encode(_to_json(command))
 
 
 def decode_command(kind: str, body: str) -> Command:
@@ -478,17 +482,33 @@ def decode_state(data: dict[str, Any]) -> CoordinatorState:
     )
 
 
+# The types stored as they are, and the field names of each dataclass met: every
+# command and every consumer of a snapshot goes through `_to_json`.
+_PLAIN = frozenset({str, int, float, type(None)})
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
 def _to_json(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if value is None or isinstance(value, str | int | float):
+    cls = type(value)
+    if cls in _PLAIN:
         return value
-    msg = f"cannot encode {type(value).__name__} value {value!r}"
-    raise TypeError(msg)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if isinstance(value, enum.Enum):
+            return value.value
+        if isinstance(value, tuple):
+            return [_to_json(v) for v in value]
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            if value is None or isinstance(value, str | int | float):
+                return value
+            msg = f"cannot encode {type(value).__name__} value {value!r}"
+            raise TypeError(msg)
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(value))
+    fields = {}
+    for name in names:
+        field = getattr(value, name)
+        fields[name] = field if type(field) in _PLAIN else _to_json(field)
+    return fields
 
 
 def _from_json(value: Any, hint: Any) -> Any:
