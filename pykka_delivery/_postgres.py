@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
@@ -37,20 +39,27 @@ __all__ = [
     "ConnectionPool",
     "ConnectionSource",
     "Error",
+    "LockedSession",
     "advisory_key",
     "check_url",
     "classify",
     "create_versioned",
     "in_transaction",
+    "open_source",
     "pipelined",
+    "put_back",
     "redact",
 ]
+
+logger = logging.getLogger("pykka_delivery.postgres")
 
 Connection: TypeAlias = "psycopg.Connection[Any]"
 ConnectionPool: TypeAlias = "psycopg_pool.ConnectionPool[Any]"
 Error = psycopg.Error
 
 SCHEMA_LOCK_KEY = 0x706B6B615F736368  # "pkka_sch": serializes schema creation per database
+
+LOCK_POLL_SECONDS = 0.05  # between two tries of an advisory lock another session holds
 
 _TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "55", "57")
 """Connection exception, transaction rollback (serialization failure, deadlock),
@@ -236,6 +245,147 @@ class ConnectionSource:
         """Close the pool if this source opened it."""
         if self._owned_pool and self._pool is not None:
             self._pool.close()
+
+
+def open_source(
+    source: str | ConnectionPool | Connection,
+    *,
+    what: str,
+    max_size: int,
+    connect_timeout: float,
+    error: Callable[[str], Exception],
+) -> ConnectionSource:
+    """A `ConnectionSource` for a store; a server it cannot reach raises ``error(message)``
+    (the store's own error class)."""
+    try:
+        return ConnectionSource(
+            source, what=what, max_size=max_size, connect_timeout=connect_timeout
+        )
+    except ConnectionError as failure:
+        raise error(str(failure)) from failure
+
+
+def put_back(source: ConnectionSource, conn: Connection, key: int | None = None) -> None:
+    """Release the session advisory lock ``key`` (if not None) held on ``conn`` and give
+    ``conn`` back to ``source``. Never raises: a lost connection took its lock with it."""
+    try:
+        if key is not None and not conn.closed and not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    except Exception:
+        logger.debug("%s: unlock on a failing connection", source.name, exc_info=True)
+    try:
+        source.putconn(conn)
+    except Exception:
+        logger.debug("%s: giving a connection back failed", source.name, exc_info=True)
+
+
+class LockedSession:
+    """The one connection a store keeps for its life, holding the session advisory lock
+    ``key`` (None: no lock) so that one process at a time writes what ``key`` names.
+
+    The lock belongs to the session: the server releases it when the connection dies (a
+    SIGKILLed process), so a successor takes it at once; a connection this store lost is
+    replaced, and the lock taken again, by the next `connection`.
+
+    Args:
+        source: where the connections come from.
+        key: the lock (`advisory_key`), or None.
+        lock_timeout: seconds to wait while another session holds ``key``.
+        held: the error to raise when ``key`` is still held after ``lock_timeout``,
+            given the connection (it may raise another of its own).
+        fail: the error to raise for a PostgreSQL error, given it and what was being
+            done ("take a connection", "take " + ``lock_name``).
+        lock_name: what ``key`` stands for in messages ("the consumer id's lock").
+        synchronous_commit: PostgreSQL's ``synchronous_commit`` for the session, or None.
+    """
+
+    __slots__ = (
+        "_fail",
+        "_held",
+        "_lock_name",
+        "_lock_timeout",
+        "_synchronous_commit",
+        "conn",
+        "key",
+        "source",
+    )
+
+    def __init__(
+        self,
+        source: ConnectionSource,
+        key: int | None,
+        *,
+        lock_timeout: float,
+        held: Callable[[Connection], BaseException],
+        fail: Callable[[BaseException, str], BaseException],
+        lock_name: str = "the lock",
+        synchronous_commit: str | None = None,
+    ) -> None:
+        self.source = source
+        self.key = key
+        self.conn: Connection | None = None
+        self._lock_timeout = lock_timeout
+        self._held = held
+        self._fail = fail
+        self._lock_name = lock_name
+        self._synchronous_commit = synchronous_commit
+
+    @property
+    def lost(self) -> bool:
+        """Whether there is no live connection (none yet, or it closed or broke)."""
+        conn = self.conn
+        return conn is None or conn.closed or conn.broken
+
+    def connection(self) -> Connection:
+        """The session's connection; a new one holding the lock if it was lost."""
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            self.conn = None
+            if conn is not None:
+                put_back(self.source, conn, self.key)
+            self.conn = conn = self._take()
+        return conn
+
+    def release(self) -> None:
+        """Release the lock and the connection, then close the source (its own pool)."""
+        conn, self.conn = self.conn, None
+        try:
+            if conn is not None:
+                put_back(self.source, conn, self.key)
+        finally:
+            self.source.close()
+
+    def _take(self) -> Connection:
+        try:
+            conn = self.source.getconn()
+        except Exception as error:
+            raise self._fail(error, "take a connection") from error
+        try:
+            if self.key is not None and not self._try_lock(conn, self.key):
+                raise self._held(conn)
+            if self._synchronous_commit is not None:
+                conn.execute(
+                    "SELECT set_config('synchronous_commit', %s, false)",
+                    (self._synchronous_commit,),
+                )
+        except BaseException as error:
+            put_back(self.source, conn, self.key)
+            if isinstance(error, psycopg.Error):
+                raise self._fail(error, f"take {self._lock_name}") from error
+            raise
+        return conn
+
+    def _try_lock(self, conn: Connection, key: int) -> bool:
+        """Take ``key`` on ``conn``, polling while another session holds it: False if it
+        still does after ``lock_timeout``."""
+        deadline = time.monotonic() + self._lock_timeout
+        while True:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            if row is not None and row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_SECONDS)
 
 
 def in_transaction(conn: Connection) -> bool:

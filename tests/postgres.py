@@ -21,6 +21,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,14 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-__all__ = ["PostgresServer", "find_binaries", "postgres", "postgres_url", "running_server"]
+__all__ = [
+    "PostgresServer",
+    "find_binaries",
+    "postgres",
+    "postgres_url",
+    "running_server",
+    "without_the_extra",
+]
 
 _START_TIMEOUT_S = 60
 _MISSING = (
@@ -175,3 +183,22 @@ def postgres() -> Iterator[PostgresServer]:
 def postgres_url(postgres: PostgresServer) -> str:
     """The URL of a fresh, empty database of its own for this test."""
     return postgres.create_database()
+
+
+def without_the_extra(code: str) -> str:
+    """The output of ``code`` run by a new interpreter (in the repository) in which psycopg
+    and psycopg_pool cannot be imported, as without the ``[postgres]`` extra; the test
+    fails if it exits with an error."""
+    script = (
+        f"import sys\nsys.modules['psycopg'] = None\nsys.modules['psycopg_pool'] = None\n{code}"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout

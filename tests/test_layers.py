@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.postgres import without_the_extra
+
 pytest.importorskip("importlinter")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,10 +129,8 @@ def test_the_transport_contract_forbids_every_other_module_of_ours() -> None:
 def test_the_library_imports_without_the_postgres_extra() -> None:
     """Every module but the PostgreSQL ones imports with psycopg missing, and a PostgreSQL
     store's module then fails naming the extra."""
-    script = """
-import importlib, pkgutil, sys
-sys.modules["psycopg"] = None
-sys.modules["psycopg_pool"] = None
+    out = without_the_extra("""
+import importlib, pkgutil
 import pykka_delivery
 for info in pkgutil.walk_packages(pykka_delivery.__path__, "pykka_delivery."):
     optional = ("pykka_delivery.spark", "pykka_delivery.metrics")
@@ -141,15 +141,6 @@ try:
     importlib.import_module("pykka_delivery.delivery.stores.durable_postgres")
 except ImportError as error:
     print("refused:", error)
-"""
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+""")
 
-    assert result.returncode == 0, result.stderr
-    assert "pip install 'pykka-delivery[postgres]'" in result.stdout
+    assert "pip install 'pykka-delivery[postgres]'" in out

@@ -83,26 +83,20 @@ class PostgresLease:
         self.epoch: int | None = None
         self.valid_until = 0.0
         self._lock = threading.Lock()
-        try:
-            self._source = _postgres.ConnectionSource(
-                source, what="PostgresLease source", max_size=2, connect_timeout=connect_timeout
-            )
-        except ConnectionError as error:
-            raise CommandLogError(str(error)) from error
+        self._source = _postgres.open_source(
+            source,
+            what="PostgresLease source",
+            max_size=2,
+            connect_timeout=connect_timeout,
+            error=CommandLogError,
+        )
         self.where = f"coordinator lease {name!r} in {self._source.name}"
         try:
             with (
                 self._connection("create its table", CommandLogError) as conn,
                 conn.transaction(),
             ):
-                _postgres.create_versioned(
-                    conn,
-                    sql.SCHEMA,
-                    component=sql.SCHEMA_COMPONENT,
-                    version=sql.SCHEMA_VERSION,
-                    what=self.where,
-                    refuse=CommandLogError,
-                )
+                sql.create_tables(conn, self.where)
         except BaseException:
             self._source.close()
             raise

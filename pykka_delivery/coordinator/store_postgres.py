@@ -62,8 +62,6 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_POOL_MAX_SIZE = 2
 """Default connections of the pool a log opens for a URL (one held, one to replace it)."""
 
-_LOCK_POLL_SECONDS = 0.05
-
 T = TypeVar("T")
 
 
@@ -111,31 +109,35 @@ class PostgresCommandLog:
         self._snapshot_every = snapshot_every
         self._lock_timeout = lock_timeout
         self._lock = threading.Lock()
-        self._key = _postgres.advisory_key(sql.LOCK_NAMESPACE, name)
         self._writer_epoch = 0
         self._since_snapshot = 0
         self._last_written = 0  # the highest seq this object wrote
-        self._conn: _postgres.Connection | None = None
         self._closed = False
+        opened = _postgres.open_source(
+            source,
+            what="PostgresCommandLog source",
+            max_size=pool_max_size,
+            connect_timeout=connect_timeout,
+            error=CommandLogError,
+        )
+        self.where = f"coordinator store {name!r} in {opened.name}"
+        # Without a lease, the connection holds the name's advisory lock.
+        self._session = _postgres.LockedSession(
+            opened,
+            None if lease is not None else _postgres.advisory_key(sql.LOCK_NAMESPACE, name),
+            lock_timeout=lock_timeout,
+            held=self._held,
+            fail=self._fail,
+            lock_name="the log's lock",
+        )
         try:
-            self._source = _postgres.ConnectionSource(
-                source,
-                what="PostgresCommandLog source",
-                max_size=pool_max_size,
-                connect_timeout=connect_timeout,
-            )
-        except ConnectionError as error:
-            raise CommandLogError(str(error)) from error
-        self.where = f"coordinator store {name!r} in {self._source.name}"
-        try:
-            self._conn = self._take_connection()
-            self._open(self._conn)
+            self._open(self._session.connection())
         except BaseException:
             self._release()
             raise
 
     def __repr__(self) -> str:
-        return f"PostgresCommandLog({self._source.name!r}, name={self.name!r})"
+        return f"PostgresCommandLog({self._session.source.name!r}, name={self.name!r})"
 
     # --- the CommandLog protocol --------------------------------------------------------------
 
@@ -218,36 +220,16 @@ class PostgresCommandLog:
 
     # --- opening ------------------------------------------------------------------------------
 
-    def _take_connection(self) -> _postgres.Connection:
-        """A connection; without a lease, holding the name's advisory lock."""
-        try:
-            conn = self._source.getconn()
-        except Exception as error:
-            self._fail(error, "take a connection")
-        if self.lease is not None:
-            return conn
-        try:
-            deadline = time.monotonic() + self._lock_timeout
-            while True:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-                if row is not None and row[0]:
-                    break
-                if time.monotonic() >= deadline:
-                    self._check_not_replaced(conn)
-                    msg = (
-                        f"{self.where}: another coordinator has this log open (still held "
-                        f"after lock_timeout {self._lock_timeout} s). Stop that one first, "
-                        "give this one another name, or run both with a PostgresLease to "
-                        "let them take turns leading."
-                    )
-                    raise CommandLogError(msg)
-                time.sleep(_LOCK_POLL_SECONDS)
-        except BaseException as error:
-            self._put_back(conn)
-            if isinstance(error, _postgres.Error):
-                self._fail(error, "take the log's lock")
-            raise
-        return conn
+    def _held(self, conn: _postgres.Connection) -> CommandLogError:
+        """The error when another log holds the name (or LogFencedError if another log
+        opened it since this one did)."""
+        self._check_not_replaced(conn)
+        msg = (
+            f"{self.where}: another coordinator has this log open (still held after "
+            f"lock_timeout {self._lock_timeout} s). Stop that one first, give this one "
+            "another name, or run both with a PostgresLease to let them take turns leading."
+        )
+        return CommandLogError(msg)
 
     def _check_not_replaced(self, conn: _postgres.Connection) -> None:
         """On reconnecting: LogFencedError if another log opened this name since."""
@@ -261,14 +243,7 @@ class PostgresCommandLog:
     def _open(self, conn: _postgres.Connection) -> None:
         try:
             with conn.transaction():
-                _postgres.create_versioned(
-                    conn,
-                    sql.SCHEMA,
-                    component=sql.SCHEMA_COMPONENT,
-                    version=sql.SCHEMA_VERSION,
-                    what=self.where,
-                    refuse=CommandLogError,
-                )
+                sql.create_tables(conn, self.where)
                 if self.lease is None:
                     row = conn.execute(sql.TAKE_WRITER, (self.name,)).fetchone()
                     assert row is not None  # the upsert returns its row
@@ -405,26 +380,9 @@ class PostgresCommandLog:
         if self._closed:
             msg = f"{self!r} was closed; open the log again with a new PostgresCommandLog"
             raise ClosedError(msg)
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            # A lost session took the advisory lock with it: the fence of the next write
-            # tells whether another log opened the name meanwhile.
-            self._conn = None
-            if conn is not None:
-                self._put_back(conn)
-            conn = self._conn = self._take_connection()
-        return conn
-
-    def _put_back(self, conn: _postgres.Connection) -> None:
-        try:
-            if self.lease is None and not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-        except Exception:  # a broken connection: the server released the lock with it
-            logger.debug("%s: unlock on a failing connection", self.where, exc_info=True)
-        try:
-            self._source.putconn(conn)
-        except Exception:
-            logger.debug("%s: giving a connection back failed", self.where, exc_info=True)
+        # A lost session took the advisory lock with it: the fence of the next write
+        # tells whether another log opened the name meanwhile.
+        return self._session.connection()
 
     def _fail(self, error: BaseException, what: str) -> NoReturn:
         if _postgres.classify(error) == "transient":
@@ -443,12 +401,7 @@ class PostgresCommandLog:
 
     def _release(self) -> None:
         self._closed = True
-        conn, self._conn = self._conn, None
-        try:
-            if conn is not None:
-                self._put_back(conn)
-        finally:
-            self._source.close()
+        self._session.release()
 
 
 def _check(name: str, lease: PostgresLease | None, pool_max_size: int) -> None:

@@ -9,6 +9,9 @@ statement runs (``now()`` is when its transaction began, earlier after a lock wa
 
 from __future__ import annotations
 
+from pykka_delivery import _postgres
+from pykka_delivery.coordinator.store import CommandLogError
+
 __all__ = [
     "ACQUIRE",
     "APPEND_ALONE",
@@ -24,6 +27,7 @@ __all__ = [
     "SCHEMA_COMPONENT",
     "SCHEMA_VERSION",
     "TAKE_WRITER",
+    "create_tables",
 ]
 
 SCHEMA_COMPONENT = "coordinator_store"
@@ -144,3 +148,16 @@ APPEND_ALONE = _append(
 )
 
 LAST_SEQ_OF_EPOCH = "SELECT max(seq) FROM coordinator_log WHERE name = %s AND epoch = %s"
+
+
+def create_tables(conn: _postgres.Connection, what: str) -> None:
+    """In ``conn``'s open transaction: the coordinator's tables, versioned (a newer
+    version raises `CommandLogError` naming ``what``)."""
+    _postgres.create_versioned(
+        conn,
+        SCHEMA,
+        component=SCHEMA_COMPONENT,
+        version=SCHEMA_VERSION,
+        what=what,
+        refuse=CommandLogError,
+    )

@@ -20,14 +20,15 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pykka_delivery import _sqlite
 from pykka_delivery.errors import ClosedError, DeliveryError
 
-__all__ = ["Key", "LedgerError", "RowLedger", "SqliteRowLedger", "check_key"]
+__all__ = ["Key", "LedgerBase", "LedgerError", "RowLedger", "SqliteRowLedger", "check_key"]
 
 SCHEMA_COMPONENT = "row_ledger"
 SCHEMA_VERSION = 1
@@ -50,6 +51,7 @@ CREATE TABLE IF NOT EXISTS row_ledger (
 _MARK = "INSERT OR IGNORE INTO row_ledger (producer_id, row) VALUES (?, ?)"
 
 Key = tuple[str, int]
+C = TypeVar("C")
 
 
 class LedgerError(DeliveryError):
@@ -74,7 +76,88 @@ class RowLedger(Protocol):
         ...
 
 
-class SqliteRowLedger:
+class LedgerBase(ABC, Generic[C]):
+    """What `SqliteRowLedger` and ``PostgresRowLedger`` share: the key checks, `apply` as
+    a batch of one, and the application's effect run inside the ledger's transaction
+    (connections of type ``C``). A subclass records the batch (`_apply`) and says how to
+    roll back (`_rollback`) and whether a transaction is open (`_in_transaction`)."""
+
+    def apply(self, producer_id: str, row: int, effect: Callable[[C], None] | None = None) -> bool:
+        """Apply row ``row`` of ``producer_id`` once: True if it was new (recorded, and
+        ``effect`` ran in the same transaction), False for a duplicate (nothing ran).
+
+        Args:
+            producer_id: the producer (Spark task) the row comes from.
+            row: the row's number in that producer.
+            effect: called with the ledger's connection (sqlite3 or psycopg) inside the
+                transaction: write the row's effect with it (no ``COMMIT``, ``ROLLBACK``
+                or ``BEGIN``: the ledger commits). An exception rolls back the effect and
+                the record, and propagates.
+
+        Raises:
+            LedgerError: the transaction failed (nothing was recorded), or ``effect``
+                ended the transaction itself.
+            ValueError: a bad key.
+            ClosedError: the ledger was closed.
+        """
+        check_key((producer_id, row))
+
+        def run(conn: C, new: list[Key]) -> None:
+            if effect is not None:
+                effect(conn)
+
+        return bool(self._apply([(producer_id, row)], run))
+
+    def apply_many(
+        self, items: Sequence[Key], effect: Callable[[C, list[Key]], None] | None = None
+    ) -> list[Key]:
+        """Like `apply`, for a batch in one transaction: returns the keys that were new
+        (in the order given, each once), and calls ``effect(connection, new_keys)`` with
+        them; when none is new, ``effect`` is not called."""
+        for key in items:
+            check_key(key)
+        return self._apply(items, effect)
+
+    def _run_effect(self, conn: C, effect: Callable[[C, list[Key]], None], new: list[Key]) -> None:
+        """``effect(conn, new)`` in the open transaction; rolled back if it raises (the
+        exception propagates as it is: it is the application's)."""
+        try:
+            effect(conn, new)
+        except BaseException:
+            self._rollback(conn)
+            raise
+        if not self._in_transaction(conn):
+            msg = (
+                f"{self!r}: the effect ended the ledger's transaction (it must not run "
+                f"COMMIT, ROLLBACK or BEGIN, nor call commit()); {len(new)} row(s) may be "
+                f"recorded without their effect, or the effect kept without them"
+            )
+            raise LedgerError(msg)
+
+    @staticmethod
+    def _not_committed(new: list[Key]) -> str:
+        return f"cannot commit {len(new)} row(s) and their effect (neither was kept)"
+
+    @abstractmethod
+    def _apply(
+        self, items: Sequence[Key], effect: Callable[[C, list[Key]], None] | None
+    ) -> list[Key]:
+        """Record the new keys of ``items`` and run ``effect`` with them, in one
+        transaction (keys checked already)."""
+
+    @abstractmethod
+    def _rollback(self, conn: C) -> None:
+        """Roll back the open transaction, if any."""
+
+    @abstractmethod
+    def _in_transaction(self, conn: C) -> bool:
+        """Whether ``conn``'s transaction is still open."""
+
+
+_NOT_RECORDED = "cannot record rows (nothing was recorded)"
+
+
+class SqliteRowLedger(LedgerBase[sqlite3.Connection]):
     """Which (producer id, row) were applied, in an SQLite file shared by processes.
 
     Args:
@@ -156,49 +239,6 @@ class SqliteRowLedger:
             raise ClosedError(msg)
         return self._conn
 
-    def apply(
-        self,
-        producer_id: str,
-        row: int,
-        effect: Callable[[sqlite3.Connection], None] | None = None,
-    ) -> bool:
-        """Apply row ``row`` of ``producer_id`` once: True if it was new (recorded, and
-        ``effect`` ran in the same transaction), False for a duplicate (nothing ran).
-
-        Args:
-            producer_id: the producer (Spark task) the row comes from.
-            row: the row's number in that producer.
-            effect: called with the ledger's connection inside the transaction: write the
-                row's effect with it (no ``COMMIT``, ``ROLLBACK`` or ``BEGIN``: the ledger
-                commits). An exception rolls back the effect and the record, and
-                propagates.
-
-        Raises:
-            LedgerError: the transaction failed (nothing was recorded), or ``effect``
-                ended the transaction itself.
-            ValueError: a bad key.
-            ClosedError: the ledger was closed.
-        """
-        check_key((producer_id, row))
-
-        def run(conn: sqlite3.Connection, new: list[Key]) -> None:
-            if effect is not None:
-                effect(conn)
-
-        return bool(self._apply([(producer_id, row)], run))
-
-    def apply_many(
-        self,
-        items: Sequence[Key],
-        effect: Callable[[sqlite3.Connection, list[Key]], None] | None = None,
-    ) -> list[Key]:
-        """Like `apply`, for a batch in one transaction: returns the keys that were new
-        (in the order given, each once), and calls ``effect(connection, new_keys)`` with
-        them; when none is new, ``effect`` is not called."""
-        for key in items:
-            check_key(key)
-        return self._apply(items, effect)
-
     def _apply(
         self,
         items: Sequence[Key],
@@ -214,7 +254,7 @@ class SqliteRowLedger:
                     conn.rollback()
                     raise
             except sqlite3.Error as error:
-                raise self._error("cannot record rows (nothing was recorded)", error) from error
+                raise self._error(_NOT_RECORDED, error) from error
             if not new:
                 conn.rollback()
                 return new
@@ -223,33 +263,16 @@ class SqliteRowLedger:
             try:
                 conn.commit()
             except sqlite3.Error as error:
-                if conn.in_transaction:
-                    conn.rollback()
-                msg = f"cannot commit {len(new)} row(s) and their effect (neither was kept)"
-                raise self._error(msg, error) from error
+                self._rollback(conn)
+                raise self._error(self._not_committed(new), error) from error
             return new
 
-    def _run_effect(
-        self,
-        conn: sqlite3.Connection,
-        effect: Callable[[sqlite3.Connection, list[Key]], None],
-        new: list[Key],
-    ) -> None:
-        """``effect(conn, new)`` in the open transaction; rolled back if it raises (the
-        exception propagates as it is: it is the application's)."""
-        try:
-            effect(conn, new)
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
-        if not conn.in_transaction:
-            msg = (
-                f"{self!r}: the effect ended the ledger's transaction (it must not run "
-                f"COMMIT, ROLLBACK or BEGIN, nor call commit()); {len(new)} row(s) may be "
-                f"recorded without their effect, or the effect kept without them"
-            )
-            raise LedgerError(msg)
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.rollback()
+
+    def _in_transaction(self, conn: sqlite3.Connection) -> bool:
+        return conn.in_transaction
 
     def seen(self, producer_id: str, row: int) -> bool:
         """True if row ``row`` of ``producer_id`` was applied (by any process)."""

@@ -23,7 +23,7 @@ from typing import Any
 from pykka_delivery import _postgres
 from pykka_delivery._sqlite import check_seconds
 from pykka_delivery.errors import ClosedError
-from pykka_delivery.spark.ledger import Key, LedgerError, check_key
+from pykka_delivery.spark.ledger import _NOT_RECORDED, Key, LedgerBase, LedgerError, check_key
 
 __all__ = ["PostgresRowLedger"]
 
@@ -44,10 +44,8 @@ _MARK = (
     " ON CONFLICT DO NOTHING RETURNING producer_id, row"
 )
 
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 
-
-class PostgresRowLedger:
+class PostgresRowLedger(LedgerBase[_postgres.Connection]):
     """Which (producer id, row) were applied, in a PostgreSQL database shared by the
     workers of every host.
 
@@ -80,15 +78,13 @@ class PostgresRowLedger:
         self._closed = False
         self._reader: _postgres.Connection | None = None
         self._reader_lock = threading.Lock()
-        try:
-            self._source = _postgres.ConnectionSource(
-                source,
-                what="PostgresRowLedger",
-                max_size=pool_max_size,
-                connect_timeout=connect_timeout,
-            )
-        except ConnectionError as error:
-            raise LedgerError(str(error)) from error
+        self._source = _postgres.open_source(
+            source,
+            what="PostgresRowLedger",
+            max_size=pool_max_size,
+            connect_timeout=connect_timeout,
+            error=LedgerError,
+        )
         self.name = self._source.name
         # A lone connection serves one call at a time; a pool lends one per call.
         self._lock = threading.Lock() if not self._source.lends_more else None
@@ -114,42 +110,6 @@ class PostgresRowLedger:
     def __repr__(self) -> str:
         return f"PostgresRowLedger({self.name!r})"
 
-    def apply(
-        self,
-        producer_id: str,
-        row: int,
-        effect: Callable[[_postgres.Connection], None] | None = None,
-    ) -> bool:
-        """Apply row ``row`` of ``producer_id`` once: True if it was new (recorded, and
-        ``effect`` ran in the same transaction with the ledger's psycopg connection), False
-        for a duplicate (nothing ran). As `SqliteRowLedger.apply`.
-
-        Raises:
-            LedgerError: the transaction failed (nothing was recorded), or ``effect``
-                ended the transaction itself.
-            ValueError: a bad key.
-            ClosedError: the ledger was closed.
-        """
-        check_key((producer_id, row))
-
-        def run(conn: _postgres.Connection, new: list[Key]) -> None:
-            if effect is not None:
-                effect(conn)
-
-        return bool(self._apply([(producer_id, row)], run))
-
-    def apply_many(
-        self,
-        items: Sequence[Key],
-        effect: Callable[[_postgres.Connection, list[Key]], None] | None = None,
-    ) -> list[Key]:
-        """Like `apply`, for a batch in one transaction: returns the keys that were new
-        (in the order given, each once), and calls ``effect(connection, new_keys)`` with
-        them; when none is new, ``effect`` is not called."""
-        for key in items:
-            check_key(key)
-        return self._apply(items, effect)
-
     def _apply(
         self,
         items: Sequence[Key],
@@ -164,8 +124,7 @@ class PostgresRowLedger:
             except BaseException as error:
                 self._rollback(conn)
                 if isinstance(error, _postgres.Error):
-                    msg = "cannot record rows (nothing was recorded)"
-                    raise self._error(msg, error) from error
+                    raise self._error(_NOT_RECORDED, error) from error
                 raise
             fresh = {(p, int(r)) for p, r in inserted}
             new = [key for key in dict.fromkeys(items) if key in fresh]
@@ -178,30 +137,11 @@ class PostgresRowLedger:
                 conn.execute("COMMIT")
             except _postgres.Error as error:
                 self._rollback(conn)
-                msg = f"cannot commit {len(new)} row(s) and their effect (neither was kept)"
-                raise self._error(msg, error) from error
+                raise self._error(self._not_committed(new), error) from error
             return new
 
-    def _run_effect(
-        self,
-        conn: _postgres.Connection,
-        effect: Callable[[_postgres.Connection, list[Key]], None],
-        new: list[Key],
-    ) -> None:
-        """``effect(conn, new)`` in the open transaction; rolled back if it raises (the
-        exception propagates as it is: it is the application's)."""
-        try:
-            effect(conn, new)
-        except BaseException:
-            self._rollback(conn)
-            raise
-        if conn.info.transaction_status == _IDLE:
-            msg = (
-                f"{self!r}: the effect ended the ledger's transaction (it must not run "
-                f"COMMIT, ROLLBACK or BEGIN, nor call commit()); {len(new)} row(s) may be "
-                f"recorded without their effect, or the effect kept without them"
-            )
-            raise LedgerError(msg)
+    def _in_transaction(self, conn: _postgres.Connection) -> bool:
+        return _postgres.in_transaction(conn)  # the source's connections are autocommit
 
     def seen(self, producer_id: str, row: int) -> bool:
         """True if row ``row`` of ``producer_id`` was applied (by any worker)."""

@@ -25,12 +25,6 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def admin(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
 def leases(postgres_url: str) -> Iterator[Callable[..., PostgresLease]]:
     """Makes leases on the test's database, closed after the test."""
     made: list[PostgresLease] = []

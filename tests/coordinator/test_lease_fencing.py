@@ -45,12 +45,6 @@ def candidates(postgres_url: str) -> Iterator[Callable[..., Coordinator]]:
         candidate.close()
 
 
-@pytest.fixture
-def admin(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        yield conn
-
-
 def register(connection: str) -> RegisterConsumer:
     return RegisterConsumer("ns", "orders", "app", connection, 0, "node-1")
 

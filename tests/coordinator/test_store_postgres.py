@@ -5,7 +5,6 @@ and where connections come from. Fencing by a lease: test_lease_fencing.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -21,13 +20,6 @@ from pykka_delivery.coordinator import (
 from pykka_delivery.coordinator.lease_postgres import PostgresLease
 from pykka_delivery.coordinator.store import LogFencedError
 from pykka_delivery.coordinator.store_postgres import PostgresCommandLog
-
-
-@pytest.fixture
-def admin(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A plain connection to the test's database, beside the logs."""
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        yield conn
 
 
 def register(connection: str) -> RegisterConsumer:
@@ -236,7 +228,7 @@ def test_a_commit_whose_answer_was_lost_with_the_connection_is_not_stored_twice(
     the client: the server is real): the retry finds the rows and writes nothing more."""
     log = PostgresCommandLog(postgres_url)
     log.append(register("c1"))
-    conn = log._conn  # the connection the log holds
+    conn = log._session.conn  # the connection the log holds
     assert conn is not None
     execute = conn.execute
 

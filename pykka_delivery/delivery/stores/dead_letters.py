@@ -133,6 +133,50 @@ class StoredDeadLetter:
     letter: DeadLetter
 
 
+COLUMNS = "producer_id, seq_nr, serializer_id, manifest, data, reason, attempts, timestamp_millis"
+"""A stored letter's columns (after its ``id``), in the order of `letter_row`."""
+
+
+def letter_row(serialization: Serialization, letter: DeadLetter) -> tuple[Any, ...]:
+    """``letter`` as the values of `COLUMNS`, its message serialized."""
+    serializer_id, manifest, data = serialization.serialize(letter.message)
+    return (
+        letter.producer_id,
+        letter.seq_nr,
+        serializer_id,
+        manifest,
+        data,
+        letter.reason,
+        letter.attempts,
+        letter.timestamp_millis,
+    )
+
+
+def letters_query(
+    producer_id: str | None, limit: int, placeholder: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The query and parameters of `StoredDeadLetters.letters` (``placeholder``: ``?``
+    for SQLite, ``%s`` for PostgreSQL)."""
+    query = f"SELECT id, {COLUMNS} FROM dead_letters"
+    params: tuple[Any, ...] = ()
+    if producer_id is not None:
+        query += f" WHERE producer_id = {placeholder}"
+        params = (producer_id,)
+    return f"{query} ORDER BY id LIMIT {placeholder}", (*params, limit)
+
+
+def stored_letters(serialization: Serialization, rows: list[Any]) -> list[StoredDeadLetter]:
+    """The rows of `letters_query` as letters, their messages deserialized."""
+    deserialize = serialization.deserialize
+    return [
+        StoredDeadLetter(
+            row[0],
+            DeadLetter(row[1], row[2], deserialize(row[3], row[4], bytes(row[5])), *row[6:]),
+        )
+        for row in rows
+    ]
+
+
 _SCHEMA_COMPONENT = "dead_letters"  # its row in the table ``schema_version``, shared
 _SCHEMA_VERSION = 1  # with the other stores a file may hold (durable_sqlite.py)
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL")
@@ -215,48 +259,21 @@ class SqliteDeadLetters:
         return f"SqliteDeadLetters({str(self.path)!r})"
 
     def put(self, letter: DeadLetter) -> None:
-        serializer_id, manifest, data = self._serialization.serialize(letter.message)
-        row = (
-            letter.producer_id,
-            letter.seq_nr,
-            serializer_id,
-            manifest,
-            data,
-            letter.reason,
-            letter.attempts,
-            letter.timestamp_millis,
-        )
+        row = letter_row(self._serialization, letter)
         with self._lock:
             try:
                 self._conn.execute(
-                    "INSERT INTO dead_letters (producer_id, seq_nr, serializer_id, manifest, "
-                    "data, reason, attempts, timestamp_millis) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    row,
+                    f"INSERT INTO dead_letters ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row
                 )
             except sqlite3.Error as error:
                 raise self._error(f"cannot write seq_nr {letter.seq_nr}", error) from error
 
     def letters(self, producer_id: str | None = None, limit: int = 1000) -> list[StoredDeadLetter]:
         """The oldest ``limit`` letters (of ``producer_id``, if given), oldest first."""
-        query = (
-            "SELECT id, producer_id, seq_nr, serializer_id, manifest, data, reason, attempts, "
-            "timestamp_millis FROM dead_letters"
-        )
-        params: tuple[Any, ...] = ()
-        if producer_id is not None:
-            query += " WHERE producer_id = ?"
-            params = (producer_id,)
-        query += " ORDER BY id LIMIT ?"
+        query, params = letters_query(producer_id, limit, "?")
         with self._lock:
-            rows = self._conn.execute(query, (*params, limit)).fetchall()
-        deserialize = self._serialization.deserialize
-        return [
-            StoredDeadLetter(
-                row[0],
-                DeadLetter(row[1], row[2], deserialize(row[3], row[4], row[5]), *row[6:]),
-            )
-            for row in rows
-        ]
+            rows = self._conn.execute(query, params).fetchall()
+        return stored_letters(self._serialization, rows)
 
     def count(self) -> int:
         with self._lock:

@@ -16,9 +16,13 @@ from typing import Any
 from pykka_delivery import _postgres
 from pykka_delivery._sqlite import check_seconds
 from pykka_delivery.delivery.stores.dead_letters import (
+    COLUMNS,
     DeadLetter,
     DeadLetterError,
     StoredDeadLetter,
+    letter_row,
+    letters_query,
+    stored_letters,
 )
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
@@ -40,8 +44,6 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     timestamp_millis BIGINT NOT NULL
 )
 """
-
-_COLUMNS = "producer_id, seq_nr, serializer_id, manifest, data, reason, attempts, timestamp_millis"
 
 
 class PostgresDeadLetters:
@@ -72,12 +74,13 @@ class PostgresDeadLetters:
         self._serialization = serialization or default_serialization
         self._lock = threading.Lock()  # one connection when given one: one call at a time
         self._closed = False
-        try:
-            self._source = _postgres.ConnectionSource(
-                source, what="PostgresDeadLetters", max_size=1, connect_timeout=connect_timeout
-            )
-        except ConnectionError as error:
-            raise DeadLetterError(str(error)) from error
+        self._source = _postgres.open_source(
+            source,
+            what="PostgresDeadLetters",
+            max_size=1,
+            connect_timeout=connect_timeout,
+            error=DeadLetterError,
+        )
         self.name = self._source.name
         try:
             with self._transaction("cannot set it up") as conn:
@@ -98,41 +101,19 @@ class PostgresDeadLetters:
         return f"PostgresDeadLetters({self.name!r})"
 
     def put(self, letter: DeadLetter) -> None:
-        serializer_id, manifest, data = self._serialization.serialize(letter.message)
-        row = (
-            letter.producer_id,
-            letter.seq_nr,
-            serializer_id,
-            manifest,
-            data,
-            letter.reason,
-            letter.attempts,
-            letter.timestamp_millis,
-        )
+        row = letter_row(self._serialization, letter)
         with self._transaction(f"cannot write seq_nr {letter.seq_nr}") as conn:
             conn.execute(
-                f"INSERT INTO dead_letters ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                f"INSERT INTO dead_letters ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 row,
             )
 
     def letters(self, producer_id: str | None = None, limit: int = 1000) -> list[StoredDeadLetter]:
         """The oldest ``limit`` letters (of ``producer_id``, if given), oldest first."""
-        query = f"SELECT id, {_COLUMNS} FROM dead_letters"
-        params: tuple[Any, ...] = ()
-        if producer_id is not None:
-            query += " WHERE producer_id = %s"
-            params = (producer_id,)
-        query += " ORDER BY id LIMIT %s"
+        query, params = letters_query(producer_id, limit, "%s")
         with self._transaction("cannot list letters") as conn:
-            rows = conn.execute(query, (*params, limit)).fetchall()
-        deserialize = self._serialization.deserialize
-        return [
-            StoredDeadLetter(
-                row[0],
-                DeadLetter(row[1], row[2], deserialize(row[3], row[4], bytes(row[5])), *row[6:]),
-            )
-            for row in rows
-        ]
+            rows = conn.execute(query, params).fetchall()
+        return stored_letters(self._serialization, rows)
 
     def count(self) -> int:
         with self._transaction("cannot count letters") as conn:

@@ -51,6 +51,7 @@ import os
 import sqlite3
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,7 @@ from pykka_delivery.protocol.messages import Ack, Request
 from pykka_delivery.retry import Backoff, call_with_retries
 
 __all__ = [
+    "BufferedDedupStore",
     "DedupStore",
     "DedupStoreError",
     "DedupWriter",
@@ -108,6 +110,118 @@ def _check_position(producer_id: str, seq_nr: int) -> None:
     if type(seq_nr) is not int or seq_nr < 0:
         msg = f"seq_nr of producer {producer_id!r} must be an int >= 0, got {seq_nr!r}"
         raise ValueError(msg)
+
+
+def check_consumer_id(consumer_id: str) -> None:
+    """Raise `ValueError` unless ``consumer_id`` is a non-empty str."""
+    if not isinstance(consumer_id, str) or not consumer_id:
+        msg = f"consumer_id must be a non-empty string, got {consumer_id!r}"
+        raise ValueError(msg)
+
+
+def check_flush_every(flush_every: int) -> None:
+    """Raise `ValueError` unless ``flush_every`` is an int >= 0 (a setting of the stores
+    writing behind)."""
+    if type(flush_every) is not int or flush_every < 0:
+        msg = (
+            f"flush_every must be 0 (flush only on flush()) or a number of records "
+            f">= 1, got {flush_every!r}"
+        )
+        raise ValueError(msg)
+
+
+class BufferedDedupStore(ABC):
+    """What the SQLite and PostgreSQL dedup stores share: the positions of one consumer id,
+    buffered by `record` and written all at once by `flush` (or every ``flush_every``
+    records), read back by `load` with the buffered ones on top.
+
+    A subclass gives its connection (`_connection`, raising `ClosedError` once closed),
+    reads and writes the positions with it (`_select`, `_upsert`), releases it
+    (`_release`), and names its database's error class (``_db_error``) and its messages
+    (`_error`).
+    """
+
+    _db_error: type[Exception]
+
+    def __init__(self, consumer_id: str, flush_every: int) -> None:
+        check_consumer_id(consumer_id)
+        self.consumer_id = consumer_id
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._since_flush = 0
+        self._flush_every = flush_every
+        self._closed = False
+
+    def load(self) -> dict[str, int]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                positions = self._select(conn)
+            except self._db_error as error:
+                raise self._error("cannot load positions", error) from error
+            positions.update(self._pending)
+            return positions
+
+    def record(self, producer_id: str, seq_nr: int) -> None:
+        # Called once per confirmation: kept short.
+        if seq_nr.__class__ is not int or seq_nr < 0:
+            _check_position(producer_id, seq_nr)
+        with self._lock:
+            if self._closed:
+                self._connection()  # raises
+            self._pending[producer_id] = seq_nr
+            if self._flush_every:
+                self._since_flush += 1
+                if self._since_flush >= self._flush_every:
+                    self._flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def close(self) -> None:
+        """Flush, then release the store and the consumer id. If the flush fails, the
+        store stays open (close again to retry) and `DedupStoreError` is raised."""
+        with self._lock:
+            if self._closed:
+                return
+            self._flush()
+            self._release()
+
+    def _flush(self) -> None:
+        conn = self._connection()
+        pending = self._pending
+        if not pending:
+            return
+        try:
+            self._upsert(conn, pending)  # one transaction: all or none
+        except self._db_error as error:
+            raise self._error(
+                f"cannot write {len(pending)} position(s) (kept, retried at the next flush)",
+                error,
+            ) from error
+        pending.clear()
+        self._since_flush = 0
+
+    @abstractmethod
+    def _connection(self) -> Any:
+        """The open connection; `ClosedError` once closed."""
+
+    @abstractmethod
+    def _select(self, conn: Any) -> dict[str, int]:
+        """The stored positions of this consumer id."""
+
+    @abstractmethod
+    def _upsert(self, conn: Any, pending: dict[str, int]) -> None:
+        """Write ``pending`` in one transaction."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Mark the store closed (``_closed``), release its connection and consumer id."""
+
+    @abstractmethod
+    def _error(self, doing: str, error: Any) -> DedupStoreError:
+        """The error for ``error`` raised while ``doing``, naming the store and the fix."""
 
 
 # --- in memory ---------------------------------------------------------------------------
@@ -242,17 +356,12 @@ class SqliteDedupSettings:
     def __post_init__(self) -> None:
         check_field_types(self)
         _sqlite.check_synchronous(self.synchronous, _SYNCHRONOUS)
-        if type(self.flush_every) is not int or self.flush_every < 0:
-            msg = (
-                f"flush_every must be 0 (flush only on flush()) or a number of records "
-                f">= 1, got {self.flush_every!r}"
-            )
-            raise ValueError(msg)
+        check_flush_every(self.flush_every)
         _sqlite.check_seconds("busy_timeout", self.busy_timeout)
         _sqlite.check_seconds("lock_timeout", self.lock_timeout)
 
 
-class SqliteDedupStore:
+class SqliteDedupStore(BufferedDedupStore):
     """A `DedupStore` in an SQLite file (created if missing), in WAL mode.
 
     One file may hold the positions of many consumers, keyed by ``consumer_id``: one file
@@ -272,22 +381,17 @@ class SqliteDedupStore:
         ValueError: an empty consumer id.
     """
 
+    _db_error = sqlite3.Error
+
     def __init__(
         self,
         path: str | os.PathLike[str],
         consumer_id: str,
         settings: SqliteDedupSettings | None = None,
     ) -> None:
-        if not isinstance(consumer_id, str) or not consumer_id:
-            msg = f"consumer_id must be a non-empty string, got {consumer_id!r}"
-            raise ValueError(msg)
         self.settings = settings = settings or SqliteDedupSettings()
+        super().__init__(consumer_id, settings.flush_every)
         self.path = path if str(path) == _sqlite.MEMORY else Path(path)
-        self.consumer_id = consumer_id
-        self._lock = threading.Lock()
-        self._pending: dict[str, int] = {}
-        self._since_flush = 0
-        self._flush_every = settings.flush_every
         self._file_lock: _sqlite.FileLock | None = None
         if str(path) != _sqlite.MEMORY:
             self._file_lock = self._take_consumer_id()
@@ -362,66 +466,26 @@ class SqliteDedupStore:
             raise ClosedError(msg)
         return self._conn
 
-    def load(self) -> dict[str, int]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                rows = conn.execute(
-                    "SELECT producer_id, seq_nr FROM dedup_position WHERE consumer_id = ?",
-                    (self.consumer_id,),
-                ).fetchall()
-            except sqlite3.Error as error:
-                raise self._error("cannot load positions", error) from error
-            positions = {producer_id: seq_nr for producer_id, seq_nr in rows}
-            positions.update(self._pending)
-            return positions
+    def _select(self, conn: sqlite3.Connection) -> dict[str, int]:
+        rows = conn.execute(
+            "SELECT producer_id, seq_nr FROM dedup_position WHERE consumer_id = ?",
+            (self.consumer_id,),
+        ).fetchall()
+        return {producer_id: seq_nr for producer_id, seq_nr in rows}
 
-    def record(self, producer_id: str, seq_nr: int) -> None:
-        # Called once per confirmation: kept short.
-        if seq_nr.__class__ is not int or seq_nr < 0:
-            _check_position(producer_id, seq_nr)
-        with self._lock:
-            if self._conn is None:
-                self._connection()  # raises
-            self._pending[producer_id] = seq_nr
-            if self._flush_every:
-                self._since_flush += 1
-                if self._since_flush >= self._flush_every:
-                    self._flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        conn = self._connection()
-        pending = self._pending
-        if not pending:
-            return
+    def _upsert(self, conn: sqlite3.Connection, pending: dict[str, int]) -> None:
         consumer_id = self.consumer_id
-        try:
-            with conn:  # one transaction: all or none
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany(_UPSERT, [(consumer_id, p, s) for p, s in pending.items()])
-        except sqlite3.Error as error:
-            raise self._error(
-                f"cannot write {len(pending)} position(s) (kept, retried at the next flush)",
-                error,
-            ) from error
-        pending.clear()
-        self._since_flush = 0
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_UPSERT, [(consumer_id, p, s) for p, s in pending.items()])
 
-    def close(self) -> None:
-        """Flush, then release the file and the consumer id. If the flush fails, the
-        store stays open (close again to retry) and `DedupStoreError` is raised."""
-        with self._lock:
-            if self._conn is None:
-                return
-            self._flush()
-            self._conn.close()
-            self._conn = None
-            if self._file_lock is not None:
-                self._file_lock.release()
+    def _release(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        if self._file_lock is not None:
+            self._file_lock.release()
 
 
 # --- what the shells share ---------------------------------------------------------------

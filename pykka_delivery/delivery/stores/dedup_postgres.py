@@ -14,16 +14,17 @@ the store loses its connection, it takes a new one and the lock again before wri
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from pykka_delivery import _postgres
 from pykka_delivery._fields import check_field_types
 from pykka_delivery._sqlite import check_seconds
-from pykka_delivery.delivery.stores.dedup import DedupStoreError, _check_position
+from pykka_delivery.delivery.stores.dedup import (
+    BufferedDedupStore,
+    DedupStoreError,
+    check_flush_every,
+)
 from pykka_delivery.errors import ClosedError
 
 __all__ = ["PostgresDedupSettings", "PostgresDedupStore"]
@@ -31,7 +32,6 @@ __all__ = ["PostgresDedupSettings", "PostgresDedupStore"]
 SCHEMA_COMPONENT = "dedup_store"
 SCHEMA_VERSION = 1
 LOCK_NAMESPACE = "pykka_delivery.dedup_store"
-_LOCK_POLL_SECONDS = 0.05
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS dedup_position (
@@ -74,12 +74,7 @@ class PostgresDedupSettings:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        if type(self.flush_every) is not int or self.flush_every < 0:
-            msg = (
-                f"flush_every must be 0 (flush only on flush()) or a number of records "
-                f">= 1, got {self.flush_every!r}"
-            )
-            raise ValueError(msg)
+        check_flush_every(self.flush_every)
         choices = ("on", "off", "local", "remote_write", "remote_apply")
         if self.synchronous_commit not in choices:
             msg = (
@@ -91,7 +86,7 @@ class PostgresDedupSettings:
         check_seconds("PostgresDedupSettings.lock_timeout", self.lock_timeout)
 
 
-class PostgresDedupStore:
+class PostgresDedupStore(BufferedDedupStore):
     """A `DedupStore` in a PostgreSQL database (table ``dedup_position``, created if
     missing).
 
@@ -109,36 +104,35 @@ class PostgresDedupStore:
         ValueError: an empty consumer id, or a source that is none of the above.
     """
 
+    _db_error = _postgres.Error
+
     def __init__(
         self, source: Any, consumer_id: str, settings: PostgresDedupSettings | None = None
     ) -> None:
-        if not isinstance(consumer_id, str) or not consumer_id:
-            msg = f"consumer_id must be a non-empty string, got {consumer_id!r}"
-            raise ValueError(msg)
         self.settings = settings = settings or PostgresDedupSettings()
-        self.consumer_id = consumer_id
-        self._key = _postgres.advisory_key(LOCK_NAMESPACE, consumer_id)
-        self._lock = threading.Lock()
-        self._pending: dict[str, int] = {}
-        self._since_flush = 0
-        self._flush_every = settings.flush_every
-        self._closed = False
-        self._conn: _postgres.Connection | None = None
+        super().__init__(consumer_id, settings.flush_every)
+        opened = _postgres.open_source(
+            source,
+            what="PostgresDedupStore",
+            max_size=1,
+            connect_timeout=settings.connect_timeout,
+            error=DedupStoreError,
+        )
+        self.name = opened.name
+        self._session = _postgres.LockedSession(
+            opened,
+            _postgres.advisory_key(LOCK_NAMESPACE, consumer_id),
+            lock_timeout=settings.lock_timeout,
+            held=lambda _conn: self._held(),
+            fail=lambda error, what: self._error(f"cannot {what}", error),
+            lock_name="the consumer id's lock",
+            synchronous_commit=settings.synchronous_commit,
+        )
         try:
-            self._source = _postgres.ConnectionSource(
-                source,
-                what="PostgresDedupStore",
-                max_size=1,
-                connect_timeout=settings.connect_timeout,
-            )
-        except ConnectionError as error:
-            raise DedupStoreError(str(error)) from error
-        self.name = self._source.name
-        try:
-            self._conn = self._take_connection()
-            with self._conn.transaction():
+            conn = self._session.connection()
+            with conn.transaction():
                 _postgres.create_versioned(
-                    self._conn,
+                    conn,
                     SCHEMA,
                     component=SCHEMA_COMPONENT,
                     version=SCHEMA_VERSION,
@@ -154,128 +148,38 @@ class PostgresDedupStore:
     def __repr__(self) -> str:
         return f"PostgresDedupStore({self.name!r}, {self.consumer_id!r})"
 
-    # --- the DedupStore protocol --------------------------------------------------------------
-
-    def load(self) -> dict[str, int]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                rows = conn.execute(
-                    "SELECT producer_id, seq_nr FROM dedup_position WHERE consumer_id = %s",
-                    (self.consumer_id,),
-                ).fetchall()
-            except _postgres.Error as error:
-                raise self._error("cannot load positions", error) from error
-            positions = {producer_id: seq_nr for producer_id, seq_nr in rows}
-            positions.update(self._pending)
-            return positions
-
-    def record(self, producer_id: str, seq_nr: int) -> None:
-        # Called once per confirmation: kept short.
-        if seq_nr.__class__ is not int or seq_nr < 0:
-            _check_position(producer_id, seq_nr)
-        with self._lock:
-            if self._closed:
-                self._connection()  # raises
-            self._pending[producer_id] = seq_nr
-            if self._flush_every:
-                self._since_flush += 1
-                if self._since_flush >= self._flush_every:
-                    self._flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def close(self) -> None:
-        """Flush, then release the consumer id and the connection (and the pool, if the
-        store opened it). If the flush fails, the store stays open (close again to retry)
-        and `DedupStoreError` is raised."""
-        with self._lock:
-            if self._closed:
-                return
-            self._flush()
-            self._release()
-
-    # --- internals ----------------------------------------------------------------------------
-
-    def _flush(self) -> None:
-        conn = self._connection()
-        pending = self._pending
-        if not pending:
-            return
-        try:
-            with conn.transaction():  # one transaction: all or none
-                conn.execute(_UPSERT, (self.consumer_id, list(pending), list(pending.values())))
-        except _postgres.Error as error:
-            raise self._error(
-                f"cannot write {len(pending)} position(s) (kept, retried at the next flush)",
-                error,
-            ) from error
-        pending.clear()
-        self._since_flush = 0
+    # --- what BufferedDedupStore asks of a store ----------------------------------------------
 
     def _connection(self) -> _postgres.Connection:
         if self._closed:
             msg = f"{self!r} was closed; open the store again with a new PostgresDedupStore"
             raise ClosedError(msg)
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            # The lost session took the consumer id's lock with it: take both again.
-            self._conn = None
-            if conn is not None:
-                self._put_back(conn)
-            self._conn = conn = self._take_connection()
-        return conn
+        # A lost session took the consumer id's lock with it: both are taken again.
+        return self._session.connection()
 
-    def _take_connection(self) -> _postgres.Connection:
-        """A connection holding this consumer id's advisory lock."""
-        try:
-            conn = self._source.getconn()
-        except Exception as error:
-            raise self._error("cannot take a connection", error) from error
-        try:
-            deadline = time.monotonic() + self.settings.lock_timeout
-            while True:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-                if row is not None and row[0]:
-                    break
-                if time.monotonic() >= deadline:
-                    msg = (
-                        f"dedup store {self.name}: consumer id {self.consumer_id!r} is in use "
-                        f"by another store (still held after lock_timeout "
-                        f"{self.settings.lock_timeout} s). Close that one first (or stop its "
-                        "process), or give this consumer another id: two writers of one "
-                        "consumer id would overwrite each other's positions."
-                    )
-                    raise DedupStoreError(msg)
-                time.sleep(_LOCK_POLL_SECONDS)
-            conn.execute(
-                "SELECT set_config('synchronous_commit', %s, false)",
-                (self.settings.synchronous_commit,),
-            )
-        except BaseException as error:
-            self._put_back(conn)
-            if isinstance(error, _postgres.Error):
-                raise self._error("cannot take the consumer id's lock", error) from error
-            raise
-        return conn
+    def _select(self, conn: _postgres.Connection) -> dict[str, int]:
+        rows = conn.execute(
+            "SELECT producer_id, seq_nr FROM dedup_position WHERE consumer_id = %s",
+            (self.consumer_id,),
+        ).fetchall()
+        return {producer_id: seq_nr for producer_id, seq_nr in rows}
 
-    def _put_back(self, conn: _postgres.Connection) -> None:
-        with contextlib.suppress(Exception):
-            if not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-        with contextlib.suppress(Exception):
-            self._source.putconn(conn)
+    def _upsert(self, conn: _postgres.Connection, pending: dict[str, int]) -> None:
+        with conn.transaction():
+            conn.execute(_UPSERT, (self.consumer_id, list(pending), list(pending.values())))
 
     def _release(self) -> None:
         self._closed = True
-        conn, self._conn = self._conn, None
-        try:
-            if conn is not None:
-                self._put_back(conn)
-        finally:
-            self._source.close()
+        self._session.release()
+
+    def _held(self) -> DedupStoreError:
+        msg = (
+            f"dedup store {self.name}: consumer id {self.consumer_id!r} is in use by another "
+            f"store (still held after lock_timeout {self.settings.lock_timeout} s). Close "
+            "that one first (or stop its process), or give this consumer another id: two "
+            "writers of one consumer id would overwrite each other's positions."
+        )
+        return DedupStoreError(msg)
 
     def _error(self, doing: str, error: BaseException) -> DedupStoreError:
         if _postgres.classify(error) == "transient":

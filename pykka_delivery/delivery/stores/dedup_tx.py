@@ -46,7 +46,11 @@ from typing import Any, Protocol
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
-from pykka_delivery.delivery.stores.dedup import DedupStoreError, _check_position
+from pykka_delivery.delivery.stores.dedup import (
+    DedupStoreError,
+    _check_position,
+    check_consumer_id,
+)
 from pykka_delivery.errors import ClosedError, DeliveryError
 
 __all__ = [
@@ -91,9 +95,7 @@ class TxDedupStore(ABC):
     consumer_id: str
 
     def __init__(self, consumer_id: str) -> None:
-        if not isinstance(consumer_id, str) or not consumer_id:
-            msg = f"consumer_id must be a non-empty string, got {consumer_id!r}"
-            raise ValueError(msg)
+        check_consumer_id(consumer_id)
         self.consumer_id = consumer_id
         self.already_applied = 0
         self._lock = threading.Lock()  # the store's own connection

@@ -98,15 +98,13 @@ class PostgresTxDedupStore(TxDedupStore):
     ) -> None:
         super().__init__(consumer_id)
         self.settings = settings = settings or PostgresTxDedupSettings()
-        try:
-            self._source = _postgres.ConnectionSource(
-                source,
-                what="PostgresTxDedupStore",
-                max_size=1,
-                connect_timeout=settings.connect_timeout,
-            )
-        except ConnectionError as error:
-            raise DedupStoreError(str(error)) from error
+        self._source = _postgres.open_source(
+            source,
+            what="PostgresTxDedupStore",
+            max_size=1,
+            connect_timeout=settings.connect_timeout,
+            error=DedupStoreError,
+        )
         self.name = self._source.name
         try:
             self._conn = self._source.getconn()

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pykka_delivery.delivery.stores.backends import backend_of, is_postgres_url
 from pykka_delivery.delivery.stores.dead_letters import MemoryDeadLetters
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.postgres import without_the_extra
 
 
 @pytest.mark.parametrize(
@@ -51,9 +48,6 @@ def test_an_object_is_an_object() -> None:
 
 
 _WITHOUT_THE_EXTRA = """
-import sys
-sys.modules["psycopg"] = None
-sys.modules["psycopg_pool"] = None
 from pykka_delivery.delivery.stores.dead_letters import dead_letter_destination
 from pykka_delivery.partitions._member_parts import dedup_factory
 for open_one in (
@@ -68,16 +62,8 @@ for open_one in (
 
 
 def test_a_url_without_the_postgres_extra_fails_naming_the_extra() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_THE_EXTRA],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = without_the_extra(_WITHOUT_THE_EXTRA)
 
-    assert result.returncode == 0, result.stderr
-    refusals = [line for line in result.stdout.splitlines() if line.startswith("refused:")]
-    assert len(refusals) == 2, result.stdout
+    refusals = [line for line in out.splitlines() if line.startswith("refused:")]
+    assert len(refusals) == 2, out
     assert all("pip install 'pykka-delivery[postgres]'" in line for line in refusals)

@@ -52,7 +52,10 @@ from pykka_delivery.delivery.stores.dedup import (
     SqliteDedupSettings,
     SqliteDedupStore,
 )
-from pykka_delivery.delivery.stores.dedup_postgres import PostgresDedupStore
+from pykka_delivery.delivery.stores.dedup_postgres import (
+    PostgresDedupSettings,
+    PostgresDedupStore,
+)
 from pykka_delivery.delivery.stores.dedup_tx import SqliteTxDedupStore
 from pykka_delivery.delivery.stores.dedup_tx_postgres import PostgresTxDedupStore
 from pykka_delivery.delivery.stores.durable_memory import MemoryDurableQueue
@@ -68,6 +71,8 @@ from pykka_delivery.protocol.messages import Ack, Ref, RegisterConsumer, Request
 from pykka_delivery.protocol.serialization import default_serialization
 from tests.actor_kit import BlockingProbe
 from tests.harness import Driver, FakeClock, Network, Probe, SelfRef, producer_driver
+
+ROOT = Path(__file__).resolve().parents[3]
 
 PID = "p-1"
 SETTINGS = ConsumerControllerSettings(flow_control_window=20, resend_interval_min=1.0)
@@ -374,17 +379,22 @@ class Stores:
         self.url = url
         self._memory: dict[str, int] = {}
 
-    def open(self) -> DedupStore:
+    @property
+    def source(self) -> str:
+        """The database: the SQLite file's path or the PostgreSQL URL."""
+        return self.url if self.kind.startswith("postgres") else str(self.path)
+
+    def open(self, consumer_id: str = "consumer-1") -> DedupStore:
         if self.kind == "memory":
             return MemoryDedupStore(self._memory)
         # The transactional ones: positions the application did not record itself.
         if self.kind == "sqlite-tx":
-            return SqliteTxDedupStore(self.path, "consumer-1")
+            return SqliteTxDedupStore(self.path, consumer_id)
         if self.kind == "postgres-tx":
-            return PostgresTxDedupStore(self.url, "consumer-1")
+            return PostgresTxDedupStore(self.url, consumer_id)
         if self.kind == "postgres":
-            return PostgresDedupStore(self.url, "consumer-1")
-        return SqliteDedupStore(self.path, "consumer-1")
+            return PostgresDedupStore(self.url, consumer_id)
+        return SqliteDedupStore(self.path, consumer_id)
 
     def reopen(self, store: DedupStore) -> DedupStore:
         store.close()
@@ -393,11 +403,17 @@ class Stores:
         return self.open()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "sqlite-tx", "postgres-tx"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
+def _stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
     postgres = request.param.startswith("postgres")
     url = request.getfixturevalue("postgres_url") if postgres else ""
     return Stores(request.param, tmp_path, url)
+
+
+stores = pytest.fixture(
+    _stores, name="stores", params=["memory", "sqlite", "postgres", "sqlite-tx", "postgres-tx"]
+)
+# The stores writing behind on a connection of their own (`BufferedDedupStore`).
+buffered = pytest.fixture(_stores, name="buffered", params=["sqlite", "postgres"])
 
 
 def test_store_starts_empty(stores: Stores) -> None:
@@ -538,22 +554,74 @@ def test_writer_flushes_only_before_messages_that_confirm() -> None:
     assert store.calls["flush"] == 1
 
 
-# --- 3. SQLite ------------------------------------------------------------------------------------
-
-
-def test_sqlite_consumers_sharing_a_file_keep_their_own_positions(tmp_path: Path) -> None:
-    path = tmp_path / "node.db"
-    one, two = SqliteDedupStore(path, "one"), SqliteDedupStore(path, "two")
+def test_buffered_stores_of_consumers_sharing_a_database_keep_their_own_positions(
+    buffered: Stores,
+) -> None:
+    one, two = buffered.open("one"), buffered.open("two")
     one.record("p", 5)
     two.record("p", 8)
     one.close()
     two.close()
 
-    one, two = SqliteDedupStore(path, "one"), SqliteDedupStore(path, "two")
+    one, two = buffered.open("one"), buffered.open("two")
 
     assert (one.load(), two.load()) == ({"p": 5}, {"p": 8})
     one.close()
     two.close()
+
+
+_WRITER = """
+import os, sys
+kind, source = sys.argv[1:]
+if kind == "postgres":
+    from pykka_delivery.delivery.stores.dedup_postgres import PostgresDedupStore as Store
+else:
+    from pykka_delivery.delivery.stores.dedup import SqliteDedupStore as Store
+store = Store(source, "c-1")
+for n in range(1, 201):
+    store.record("p-a", n)
+    store.record("p-b", 2 * n)
+    if n % 7 == 0:
+        store.flush()
+        print(n, flush=True)
+store.record("p-a", 10_000)  # recorded, never flushed
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_buffered_store_writer_killed_with_sigkill_leaves_every_flushed_position_and_its_id(
+    buffered: Stores,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, buffered.kind, buffered.source],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+    assert process.returncode == -signal.SIGKILL
+    last = int(out.split()[-1])
+    assert last == 196
+    # The OS released the file lock at once; PostgreSQL ends the dead session, and its
+    # advisory lock, once it notices the closed socket (within a few seconds).
+    if buffered.kind == "postgres":
+        store: DedupStore = PostgresDedupStore(
+            buffered.url, "c-1", PostgresDedupSettings(lock_timeout=10.0)
+        )
+    else:
+        store = SqliteDedupStore(buffered.path, "c-1", SqliteDedupSettings(lock_timeout=0.0))
+    assert store.load() == {"p-a": last, "p-b": 2 * last}
+    store.close()
+
+
+# --- 3. SQLite ------------------------------------------------------------------------------------
 
 
 def test_sqlite_store_shares_a_file_with_a_durable_producer_queue(tmp_path: Path) -> None:
@@ -678,43 +746,6 @@ def test_sqlite_settings_are_validated_naming_the_setting(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         SqliteDedupSettings(**kwargs)
-
-
-_WRITER = """
-import os, sys
-from pykka_delivery.delivery.stores.dedup import SqliteDedupStore
-store = SqliteDedupStore(sys.argv[1], "c-1")
-for n in range(1, 201):
-    store.record("p-a", n)
-    store.record("p-b", 2 * n)
-    if n % 7 == 0:
-        store.flush()
-        print(n, flush=True)
-store.record("p-a", 10_000)  # recorded, never flushed
-os.kill(os.getpid(), 9)
-"""
-
-
-def test_sqlite_writer_killed_with_sigkill_leaves_every_flushed_position(tmp_path: Path) -> None:
-    path = tmp_path / "dedup.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        out, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-
-    assert process.returncode == -signal.SIGKILL
-    last = int(out.split()[-1])
-    assert last == 196
-    # The OS released its lock on the consumer id: a new store opens at once.
-    store = SqliteDedupStore(path, "c-1", SqliteDedupSettings(lock_timeout=0.0))
-    assert store.load() == {"p-a": last, "p-b": 2 * last}
-    store.close()
 
 
 # --- 4. the shells ----------------------------------------------------------------------------

@@ -1,13 +1,10 @@
 """`PostgresDedupStore` on the throwaway server of tests/postgres.py (a fresh database per
-test): what only PostgreSQL does. The contract it shares with the memory and SQLite stores:
-test_dedup.py (section 2); the SQLite twins of these tests: test_dedup.py (section 3)."""
+test): what only PostgreSQL does. The contract it shares with the memory and SQLite stores,
+and with the SQLite store alone (consumers sharing a database, a writer killed with
+SIGKILL): test_dedup.py (section 2); the SQLite twins of these tests: test_dedup.py (section 3)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +17,12 @@ from pykka_delivery.delivery.stores.dedup_postgres import (
     PostgresDedupStore,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def positions(url: str) -> list[tuple[str, str, int]]:
     """What is committed, read on a connection of the test's own."""
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT consumer_id, producer_id, seq_nr FROM dedup_position")
         return sorted(rows.fetchall())
-
-
-def test_consumers_sharing_a_database_keep_their_own_positions(postgres_url: str) -> None:
-    one = PostgresDedupStore(postgres_url, "one")
-    two = PostgresDedupStore(postgres_url, "two")
-    one.record("p", 5)
-    two.record("p", 8)
-    one.close()
-    two.close()
-
-    one = PostgresDedupStore(postgres_url, "one")
-    two = PostgresDedupStore(postgres_url, "two")
-
-    assert (one.load(), two.load()) == ({"p": 5}, {"p": 8})
-    one.close()
-    two.close()
 
 
 def test_records_are_written_only_when_flushed_all_in_one_go(postgres_url: str) -> None:
@@ -126,42 +105,3 @@ def test_a_server_that_cannot_be_reached_fails_naming_it(tmp_path: Path) -> None
 def test_settings_are_validated_naming_the_setting(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         PostgresDedupSettings(**kwargs)
-
-
-_WRITER = """
-import os, sys
-from pykka_delivery.delivery.stores.dedup_postgres import PostgresDedupStore
-store = PostgresDedupStore(sys.argv[1], "c-1")
-for n in range(1, 201):
-    store.record("p-a", n)
-    store.record("p-b", 2 * n)
-    if n % 7 == 0:
-        store.flush()
-        print(n, flush=True)
-store.record("p-a", 10_000)  # recorded, never flushed
-os.kill(os.getpid(), 9)
-"""
-
-
-def test_writer_killed_with_sigkill_leaves_every_flushed_position_and_frees_its_id(
-    postgres_url: str,
-) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, postgres_url], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        out, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-
-    assert process.returncode == -signal.SIGKILL
-    last = int(out.split()[-1])
-    assert last == 196
-    # The server ended the dead session and its lock with it: a new store opens at once
-    # (within a few seconds: the server notices the closed socket).
-    store = PostgresDedupStore(postgres_url, "c-1", PostgresDedupSettings(lock_timeout=10.0))
-    assert store.load() == {"p-a": last, "p-b": 2 * last}
-    store.close()
