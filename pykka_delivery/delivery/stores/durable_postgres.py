@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -49,8 +48,6 @@ from pykka_delivery.delivery.stores.durable_rows import (
 from pykka_delivery.protocol.serialization import Serialization, default_serialization
 
 __all__ = ["PostgresDurableQueue", "PostgresQueueSettings"]
-
-_LOCK_POLL_SECONDS = 0.05
 
 
 class PostgresDurableQueue(ConfirmBuffer):
@@ -91,7 +88,6 @@ class PostgresDurableQueue(ConfirmBuffer):
         self.producer_id = producer_id
         self._serialization = serialization or default_serialization
         self._lock = threading.Lock()
-        self._key = _postgres.advisory_key(LOCK_NAMESPACE, producer_id)
         self._current_seq_nr = 1
         self._epoch = 0
         self._confirmed: dict[str, tuple[int, int]] = {}
@@ -100,27 +96,32 @@ class PostgresDurableQueue(ConfirmBuffer):
         # Outbox rows handed to the producer and not stored yet: (payload, outbox id), in
         # order (durable_postgres_outbox.OutboxRelay).
         self.claims: list[tuple[Any, int]] = []
-        self._conn: _postgres.Connection | None = None
         self._closed = False
+        opened = _postgres.open_source(
+            source,
+            what="PostgresDurableQueue source",
+            max_size=self.settings.pool_max_size,
+            connect_timeout=self.settings.connect_timeout,
+            error=DurableQueueError,
+        )
+        self.where = f"durable queue {opened.name}"
+        self._session = _postgres.LockedSession(
+            opened,
+            _postgres.advisory_key(LOCK_NAMESPACE, producer_id),
+            lock_timeout=self.settings.lock_timeout,
+            held=lambda _conn: self._already_open(),
+            fail=self._fail,
+            lock_name="the producer id's lock",
+            synchronous_commit=self.settings.synchronous_commit,
+        )
         try:
-            self._source = _postgres.ConnectionSource(
-                source,
-                what="PostgresDurableQueue source",
-                max_size=self.settings.pool_max_size,
-                connect_timeout=self.settings.connect_timeout,
-            )
-        except ConnectionError as error:
-            raise DurableQueueError(str(error)) from error
-        self.where = f"durable queue {self._source.name}"
-        try:
-            self._conn = self._take_connection()
-            self._open(self._conn)
+            self._open(self._session.connection())
         except BaseException:
             self._release()
             raise
 
     def __repr__(self) -> str:
-        return f"PostgresDurableQueue({self._source.name!r}, {self.producer_id!r})"
+        return f"PostgresDurableQueue({self._session.source.name!r}, {self.producer_id!r})"
 
     # --- the DurableProducerQueue protocol ----------------------------------------------------
 
@@ -250,41 +251,19 @@ class PostgresDurableQueue(ConfirmBuffer):
     @property
     def source(self) -> _postgres.ConnectionSource:
         """Where the queue takes its connections (the outbox relay reads with it)."""
-        return self._source
+        return self._session.source
 
     # --- opening ------------------------------------------------------------------------------
 
-    def _take_connection(self) -> _postgres.Connection:
-        """A connection holding this producer id's advisory lock."""
-        try:
-            conn = self._source.getconn()
-        except Exception as error:
-            self._fail(error, "take a connection")
-        try:
-            deadline = time.monotonic() + self.settings.lock_timeout
-            while True:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-                if row is not None and row[0]:
-                    break
-                if time.monotonic() >= deadline:
-                    msg = (
-                        f"{self.where}: producer id {self.producer_id!r} is already open "
-                        f"(still held after lock_timeout {self.settings.lock_timeout} s). One "
-                        "producer id has one writer: close that queue or stop its process "
-                        "first, or give this producer another id."
-                    )
-                    raise DurableQueueError(msg)
-                time.sleep(_LOCK_POLL_SECONDS)
-            conn.execute(
-                "SELECT set_config('synchronous_commit', %s, false)",
-                (self.settings.synchronous_commit,),
-            )
-        except BaseException as error:
-            self._put_back(conn)
-            if isinstance(error, _postgres.Error):
-                self._fail(error, "take the producer id's lock")
-            raise
-        return conn
+    def _already_open(self) -> DurableQueueError:
+        """The error of an open that found the producer id's lock still held."""
+        msg = (
+            f"{self.where}: producer id {self.producer_id!r} is already open "
+            f"(still held after lock_timeout {self.settings.lock_timeout} s). One "
+            "producer id has one writer: close that queue or stop its process "
+            "first, or give this producer another id."
+        )
+        return DurableQueueError(msg)
 
     def _open(self, conn: _postgres.Connection) -> None:
         """Create the tables, take the producer id (a new epoch) and read its row."""
@@ -408,14 +387,13 @@ class PostgresDurableQueue(ConfirmBuffer):
         if self._closed:
             msg = f"{self!r} is closed; open the queue again with a new PostgresDurableQueue"
             raise DurableQueueError(msg)
-        conn = self._conn
+        session = self._session
+        conn = session.conn
+        # LockedSession.lost, spelled out: this runs per batch, a live session costs no call.
         if conn is None or conn.closed or conn.broken:
             # The lost session took the advisory lock with it: take both again, and check
             # the epoch (another queue may have opened this producer id meanwhile).
-            self._conn = None
-            if conn is not None:
-                self._put_back(conn)
-            conn = self._conn = self._take_connection()
+            conn = session.connection()
             try:
                 row = conn.execute(
                     "SELECT epoch FROM durable_producer WHERE producer_id = %s",
@@ -428,13 +406,6 @@ class PostgresDurableQueue(ConfirmBuffer):
             except _postgres.Error as error:
                 self._fail(error, "reconnect")
         return conn
-
-    def _put_back(self, conn: _postgres.Connection) -> None:
-        with contextlib.suppress(Exception):
-            if not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-        with contextlib.suppress(Exception):
-            self._source.putconn(conn)
 
     def _fail(self, error: BaseException, what: str) -> NoReturn:
         where = f"{self.where} (producer id {self.producer_id!r})"
@@ -453,9 +424,4 @@ class PostgresDurableQueue(ConfirmBuffer):
 
     def _release(self) -> None:
         self._closed = True
-        conn, self._conn = self._conn, None
-        try:
-            if conn is not None:
-                self._put_back(conn)
-        finally:
-            self._source.close()
+        self._session.release()
