@@ -151,15 +151,7 @@ class PostgresDurableQueue(ConfirmBuffer):
                 decode_row(self._serialization, row, self.where, self.producer_id) for row in rows
             )
             confirmed = sql.confirmed_rows(conn, self.producer_id)
-        self._after_commit()
-        self._current_seq_nr = current
-        self._confirmed = dict(confirmed)
-        return DurableProducerState(
-            current_seq_nr=current,
-            highest_confirmed_seq_nr=highest,
-            confirmed_seq_nr=confirmed,
-            unconfirmed=unconfirmed,
-        )
+        return self._loaded(current, highest, confirmed, unconfirmed)
 
     def store_message_sent(self, sent: MessageSent) -> None:
         """Store ``sent`` (with the buffered confirmations) in one transaction; storing again
@@ -337,10 +329,6 @@ class PostgresDurableQueue(ConfirmBuffer):
             "only one process may run this producer."
         )
         return DurableQueueError(msg)
-
-    def _after_commit(self) -> None:
-        self._pending.clear()
-        self._pending_count = 0
 
     def _flush_pending(self) -> None:
         if not self._pending:

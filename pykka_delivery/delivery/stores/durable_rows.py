@@ -133,6 +133,7 @@ class ConfirmBuffer(ABC):
     _confirmed: dict[str, tuple[int, int]]
     _pending: dict[str, tuple[int, int]]
     _pending_count: int
+    _current_seq_nr: int
 
     @abstractmethod
     def _connection(self) -> Any:
@@ -141,6 +142,30 @@ class ConfirmBuffer(ABC):
     @abstractmethod
     def _flush_pending(self) -> None:
         """Write the buffered confirmations."""
+
+    def _after_commit(self) -> None:
+        """The buffered confirmations were written with what just committed."""
+        self._pending.clear()
+        self._pending_count = 0
+
+    def _loaded(
+        self,
+        current: int,
+        highest: int,
+        confirmed: dict[str, tuple[int, int]],
+        unconfirmed: tuple[MessageSent, ...],
+    ) -> DurableProducerState:
+        """What `load_state` returns once its read committed; the queue's reckoning of the
+        next seq_nr and of the confirmations starts from it."""
+        self._after_commit()
+        self._current_seq_nr = current
+        self._confirmed = dict(confirmed)
+        return DurableProducerState(
+            current_seq_nr=current,
+            highest_confirmed_seq_nr=highest,
+            confirmed_seq_nr=confirmed,
+            unconfirmed=unconfirmed,
+        )
 
     def store_message_confirmed(self, seq_nr: int, qualifier: str, timestamp_millis: int) -> None:
         """Confirm up to ``seq_nr`` for ``qualifier`` (written behind, see the queue's

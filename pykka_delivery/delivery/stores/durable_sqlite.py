@@ -265,15 +265,7 @@ class SqliteDurableQueue(ConfirmBuffer):
                 decode_row(self._serialization, row, where, self.producer_id) for row in rows
             )
             confirmed = self._confirmed_rows(conn)
-        self._after_commit()
-        self._current_seq_nr = current
-        self._confirmed = dict(confirmed)
-        return DurableProducerState(
-            current_seq_nr=current,
-            highest_confirmed_seq_nr=highest,
-            confirmed_seq_nr=confirmed,
-            unconfirmed=unconfirmed,
-        )
+        return self._loaded(current, highest, confirmed, unconfirmed)
 
     def store_message_sent(self, sent: MessageSent) -> None:
         """Store ``sent`` (with the buffered confirmations) in one transaction; storing again
@@ -438,10 +430,6 @@ class SqliteDurableQueue(ConfirmBuffer):
         except sqlite3.Error as error:
             self._resync(conn)
             self._fail(error, what)
-
-    def _after_commit(self) -> None:
-        self._pending.clear()
-        self._pending_count = 0
 
     def _flush_pending(self) -> None:
         if not self._pending:
