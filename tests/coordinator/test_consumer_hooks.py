@@ -19,44 +19,28 @@ from pykka_delivery import Producer
 from pykka_delivery.coordinator import (
     ActivationInterval,
     CoordinatedConsumer,
-    CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorServer,
-    CoordinatorServerSettings,
-    CoordinatorSettings,
 )
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.protocol.messages import Ref
+from tests.coordinator.servers import Clients, served
 
 WAIT = 10.0
 GROUP = ("test", "orders", "billing")
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 @pytest.fixture
 def server() -> Iterator[CoordinatorServer]:
-    actor = CoordinatorActor.start(settings=CoordinatorSettings(disconnected_timeout=5.0))
-    server = CoordinatorServer(actor, CoordinatorServerSettings()).start()
-    yield server
-    server.stop()
-    actor.stop()
+    with served() as server:
+        yield server
 
 
 @pytest.fixture
 def connect(server: CoordinatorServer) -> Iterator[Callable[[], CoordinatorClient]]:
-    opened: list[CoordinatorClient] = []
-
-    def open_client() -> CoordinatorClient:
-        client = CoordinatorClient(server.address, settings=FAST)
-        opened.append(client)
-        return client
-
-    yield open_client
-    for client in opened:
-        client.close()
+    opener = Clients(server)
+    yield opener
+    opener.close_all()
 
 
 class NoProducer:

@@ -16,17 +16,14 @@ from pykka_delivery.coordinator import (
     CoordinatedConsumer,
     CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorServer,
     CoordinatorServerSettings,
     CoordinatorSettings,
 )
 from pykka_delivery.delivery.stores.dedup_tx import SqliteTxDedupStore
+from tests.coordinator.servers import FAST
 
 WAIT = 10.0
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 class At:

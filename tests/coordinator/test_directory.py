@@ -16,7 +16,6 @@ from pykka_delivery.coordinator import (
     OK,
     CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorServer,
     CoordinatorServerSettings,
     CoordinatorSettings,
@@ -31,6 +30,7 @@ from pykka_delivery.coordinator.actor import (
 )
 from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from tests.coordinator.servers import FAST
 
 WAIT = 10.0
 TIMEOUT = 0.3  # the coordinator's disconnected timeout here, seconds
@@ -206,10 +206,6 @@ def test_a_watcher_that_attaches_again_is_sent_its_listings_again(
 
 
 # --- service and client -----------------------------------------------------------------
-
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from pykka_delivery.coordinator import (
     ConsumerId,
     CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorServer,
     CoordinatorServerSettings,
     CoordinatorSettings,
@@ -29,13 +28,11 @@ from pykka_delivery.coordinator import (
     SendConsumerUpdate,
     wire,
 )
+from tests.coordinator.servers import FAST
 
 WAIT = 10.0
 TIMEOUT = 30.0  # long: nobody is presumed down while a test runs
 GROUP = GroupId("test", "orders", "billing")
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 @pytest.fixture

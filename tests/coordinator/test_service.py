@@ -60,15 +60,13 @@ from pykka_delivery.protocol import coordinator_pb2 as pb
 from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
 from pykka_delivery.testing import TcpProxy
 from pykka_delivery.transport import Node
+from tests.coordinator.servers import FAST
 from tests.harness import wait_until
 
 WAIT = 10.0  # the most any wait lasts
 TIMEOUT = 0.3  # the coordinator's disconnected timeout in these tests, seconds
 GROUP = GroupId("test", "orders", "billing")
 GROUP_FIELDS = (GROUP.namespace, GROUP.stream, GROUP.name)
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 # --- fixtures and helpers ------------------------------------------------------------------

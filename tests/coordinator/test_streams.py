@@ -22,7 +22,6 @@ from pykka_delivery.coordinator import (
     OK,
     CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorRefused,
     CoordinatorServer,
     CoordinatorServerSettings,
@@ -54,11 +53,9 @@ from pykka_delivery.coordinator.store import (
     encode_state,
 )
 from pykka_delivery.partitions.config import DEFAULT_MAX_PARTITIONS
+from tests.coordinator.servers import FAST
 
 WAIT = 10.0
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 
 
 def streams_of(state: CoordinatorState) -> dict[tuple[str, str], int]:

@@ -15,19 +15,13 @@ from typing import Any
 import pytest
 
 from pykka_delivery.coordinator import (
-    CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorServer,
-    CoordinatorServerSettings,
-    CoordinatorSettings,
 )
 from pykka_delivery.partitions import GroupDelivery, GroupMember, GroupMemberSettings
+from tests.coordinator.servers import Clients, served
 
 WAIT = 10.0
-FAST = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
 SETTINGS = GroupMemberSettings(close_grace=1.0, registration_timeout=WAIT)
 
 
@@ -42,25 +36,15 @@ def handle(delivery: GroupDelivery) -> None:
 
 @pytest.fixture
 def server() -> Iterator[CoordinatorServer]:
-    actor = CoordinatorActor.start(settings=CoordinatorSettings(disconnected_timeout=5.0))
-    server = CoordinatorServer(actor, CoordinatorServerSettings()).start()
-    yield server
-    server.stop()
-    actor.stop()
+    with served() as server:
+        yield server
 
 
 @pytest.fixture
 def clients(server: CoordinatorServer) -> Iterator[Callable[[], CoordinatorClient]]:
-    opened: list[CoordinatorClient] = []
-
-    def open_client() -> CoordinatorClient:
-        client = CoordinatorClient(server.address, settings=FAST)
-        opened.append(client)
-        return client
-
-    yield open_client
-    for client in opened:
-        client.close()
+    opener = Clients(server)
+    yield opener
+    opener.close_all()
 
 
 class Journal:

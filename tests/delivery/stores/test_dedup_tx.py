@@ -84,55 +84,6 @@ def seq(n: int, pc: Any, first: bool = False) -> SequencedMessage:
 # --- the transaction ---------------------------------------------------------------------
 
 
-def test_transaction_commits_the_effect_and_the_position_together(
-    db: Path, conn: sqlite3.Connection
-) -> None:
-    store = SqliteTxDedupStore(db, "c-1")
-
-    apply(store, conn, 1)
-    apply(store, conn, 2)
-
-    assert ledger(conn) == [1, 2]
-    reopened = SqliteTxDedupStore(db, "c-1")
-    assert reopened.load() == {PID: 2}
-    store.close()
-    reopened.close()
-
-
-def test_transaction_whose_body_raises_rolls_back_the_effect_and_the_position(
-    db: Path, conn: sqlite3.Connection
-) -> None:
-    store = SqliteTxDedupStore(db, "c-1")
-    apply(store, conn, 1)
-
-    with pytest.raises(RuntimeError, match="effect failed"), store.transaction(conn, At(2)):
-        conn.execute("INSERT INTO ledger (number) VALUES (2)")
-        raise RuntimeError("effect failed")
-
-    assert ledger(conn) == [1]
-    assert store.load() == {PID: 1}
-    assert not conn.in_transaction
-    store.close()
-
-
-def test_message_applied_before_is_rolled_back_and_the_block_ends_normally(
-    db: Path, conn: sqlite3.Connection
-) -> None:
-    first = SqliteTxDedupStore(db, "c-1")
-    apply(first, conn, 1)
-    apply(first, conn, 2)
-    # A consumer that replaced the first one while it still handled 2 (a hand-over).
-    second = SqliteTxDedupStore(db, "c-1")
-
-    apply(second, conn, 2)
-
-    assert ledger(conn) == [1, 2]
-    assert second.already_applied == 1
-    assert second.load() == {PID: 2}
-    first.close()
-    second.close()
-
-
 def test_record_in_raises_already_applied_at_or_below_the_stored_position(
     db: Path, conn: sqlite3.Connection
 ) -> None:

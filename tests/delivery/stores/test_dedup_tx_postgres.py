@@ -50,36 +50,6 @@ def apply(store: PostgresTxDedupStore, conn: psycopg.Connection[Any], seq_nr: in
         conn.execute("INSERT INTO ledger (number) VALUES (%s)", (seq_nr,))
 
 
-def test_transaction_commits_the_effect_and_the_position_together(
-    postgres_url: str, conn: psycopg.Connection[Any]
-) -> None:
-    store = PostgresTxDedupStore(postgres_url, "c-1")
-
-    apply(store, conn, 1)
-    apply(store, conn, 2)
-
-    assert ledger(conn) == [1, 2]
-    reopened = PostgresTxDedupStore(postgres_url, "c-1")
-    assert reopened.load() == {PID: 2}
-    store.close()
-    reopened.close()
-
-
-def test_transaction_whose_body_raises_rolls_back_the_effect_and_the_position(
-    postgres_url: str, conn: psycopg.Connection[Any]
-) -> None:
-    store = PostgresTxDedupStore(postgres_url, "c-1")
-    apply(store, conn, 1)
-
-    with pytest.raises(RuntimeError, match="effect failed"), store.transaction(conn, At(2)):
-        conn.execute("INSERT INTO ledger (number) VALUES (2)")
-        raise RuntimeError("effect failed")
-
-    assert ledger(conn) == [1]
-    assert store.load() == {PID: 1}
-    store.close()
-
-
 def test_transaction_works_on_a_connection_that_is_not_in_autocommit(
     postgres_url: str, conn: psycopg.Connection[Any]
 ) -> None:
@@ -90,21 +60,6 @@ def test_transaction_works_on_a_connection_that_is_not_in_autocommit(
     assert ledger(conn) == [1]
     assert store.load() == {PID: 1}
     store.close()
-
-
-def test_message_applied_before_is_rolled_back_and_the_block_ends_normally(
-    postgres_url: str, conn: psycopg.Connection[Any]
-) -> None:
-    first = PostgresTxDedupStore(postgres_url, "c-1")
-    apply(first, conn, 1)
-    second = PostgresTxDedupStore(postgres_url, "c-1")
-
-    apply(second, conn, 1)
-
-    assert ledger(conn) == [1]
-    assert second.already_applied == 1
-    first.close()
-    second.close()
 
 
 def test_two_transactions_of_one_message_at_once_apply_it_once(
