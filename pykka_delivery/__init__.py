@@ -42,6 +42,7 @@ from pykka_delivery.delivery import (
 )
 from pykka_delivery.errors import (
     ClosedError,
+    ConsumerFenced,
     DeliveryError,
     DeliveryTimeout,
     LocalProtocolError,
@@ -59,6 +60,7 @@ __all__ = [
     "Consumer",
     "ConsumerController",
     "ConsumerControllerSettings",
+    "ConsumerFenced",
     "DeadLetterError",
     "DedupStoreError",
     "DeliverThenStop",

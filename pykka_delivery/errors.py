@@ -10,7 +10,14 @@
 
 from __future__ import annotations
 
-__all__ = ["ClosedError", "DeliveryError", "DeliveryTimeout", "LocalProtocolError", "WouldBlock"]
+__all__ = [
+    "ClosedError",
+    "ConsumerFenced",
+    "DeliveryError",
+    "DeliveryTimeout",
+    "LocalProtocolError",
+    "WouldBlock",
+]
 
 
 class DeliveryError(Exception):
@@ -31,3 +38,20 @@ class DeliveryTimeout(DeliveryError, TimeoutError):
 
 class ClosedError(DeliveryError):
     """The handle was closed by its owner and cannot be used any more."""
+
+
+class ConsumerFenced(DeliveryError):
+    """A consumer of an older epoch was shut out: a newer activation of its group (a
+    higher fencing epoch from the coordinator) registered with the producer, or wrote a
+    position to the deduplication store. Nothing it did after that counts; stop it (a
+    `CoordinatedConsumer` does so itself and waits for its next activation).
+
+    Attributes:
+        epoch: the epoch of the consumer that was shut out.
+        newer_epoch: the newer epoch that shut it out, when known (0 if not).
+    """
+
+    def __init__(self, message: str, epoch: int = 0, newer_epoch: int = 0) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.newer_epoch = newer_epoch
