@@ -35,7 +35,13 @@ Measured in the same run:
   coordinator sees the stream end within milliseconds and then waits the
   ``disconnected_timeout`` (``detection_floor_ms``) before it presumes the consumer down.
   Each round also gives the time to the coordinator's ``Detach`` (stream end seen) and to
-  the new consumer's activation (its `Consumer` created).
+  the new consumer's activation (its `Consumer` created). These consumers name their
+  node by its address only (no liveness probe), so the figure is that of the timeout.
+* ``failover_default``: the same rounds with every setting at its default (the
+  coordinator's ``disconnected_timeout`` and keepalive, the clients'), the consumers'
+  clients built with ``node=`` their transport `Node`: the coordinator's liveness probe
+  finds a killed process's port refused and hands its group over at once
+  (``failover_ms_default_p50`` / ``_max``).
 * ``leader_failover``: three `CoordinatorReplica` processes on a throwaway PostgreSQL
   database (bench/_leader_failover.py; lease ttl 2 s, acquire interval 0.2 s) and a
   client given the three addresses. ``min(--rounds, 5)`` times: SIGKILL the leader and
@@ -44,11 +50,12 @@ Measured in the same run:
 
 The last line printed is one JSON object with the figures.
 
-Defaults: 2 000 registrations over 20 connections, 10 fail-over rounds (about 40 s);
+Defaults: 2 000 registrations over 20 connections, 10 fail-over rounds of each kind (about 60 s);
 ``--quick``: 400 registrations, 2 rounds (about 10 s).
 
 Usage: python bench/coordinator.py [--registrations N] [--connections C] [--rounds K]
-[--rate R] [--runs N] [--client-processes P] [--part all|registrations] [--quick]
+[--rate R] [--runs N] [--client-processes P] [--part all|registrations|failover_default]
+[--quick]
 """
 
 from __future__ import annotations
@@ -128,16 +135,16 @@ class _DetachReporter(logging.Handler):
 def child_coordinator(
     log: str, disconnected_timeout: float, keepalive_time: float, keepalive_timeout: float
 ) -> None:
+    """``disconnected_timeout`` 0: the coordinator's default settings."""
+    settings = None
     if disconnected_timeout:
         settings = CoordinatorSettings(
             disconnected_timeout=disconnected_timeout, recovery_min_delay=disconnected_timeout
         )
-        logger = logging.getLogger("pykka_delivery.coordinator")
-        logger.setLevel(logging.INFO)
-        logger.addHandler(_DetachReporter())
-        logger.propagate = False
-    else:
-        settings = None
+    logger = logging.getLogger("pykka_delivery.coordinator")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(_DetachReporter())
+    logger.propagate = False
     actor = CoordinatorActor.start(command_log_of(log), settings)
     server_settings = CoordinatorServerSettings(
         keepalive_time=keepalive_time,
@@ -205,7 +212,9 @@ def child_producer(rate: float) -> None:
                 next_tick = time.monotonic()
 
 
-def child_consume(coordinator: str, producer: str, name: str) -> None:
+def child_consume(coordinator: str, producer: str, name: str, defaults: bool) -> None:
+    """``defaults``: every setting at its default, and the client given the `Node` (the
+    coordinator probes it); otherwise the low timeouts, and the node's address only."""
     client_settings = CoordinatorClientSettings(
         keepalive_time=KEEPALIVE_TIME,
         keepalive_timeout=KEEPALIVE_TIMEOUT,
@@ -215,9 +224,14 @@ def child_consume(coordinator: str, producer: str, name: str) -> None:
     consumer_settings = ConsumerControllerSettings(
         flow_control_window=100, resend_interval_min=0.2, resend_interval_max=2.0
     )
+    if defaults:
+        client_settings, consumer_settings = CoordinatorClientSettings(), None
     with Node() as node:
         client = CoordinatorClient(
-            coordinator, node=node.address, owner=name, settings=client_settings
+            coordinator,
+            node=node if defaults else node.address,
+            owner=name,
+            settings=client_settings,
         )
         consumer = CoordinatedConsumer(
             client, *GROUP, node.ref(producer), settings=consumer_settings, node=node
@@ -586,19 +600,23 @@ def measure_registrations(
 
 
 class Failover:
-    """The coordinator, the producer and the consumer processes of the fail-over runs."""
+    """The coordinator, the producer and the consumer processes of the fail-over runs;
+    ``defaults``: every setting at its default and the consumers probed (see the module
+    docstring), otherwise the low detection timeouts."""
 
-    def __init__(self, log_dir: Path, rate: float) -> None:
+    def __init__(self, log_dir: Path, rate: float, *, defaults: bool = False) -> None:
         self.log_dir = log_dir
+        self.defaults = defaults
         self.procs: list[Proc] = []
         self.consumers: list[Proc] = []  # alive, in registration order
+        server = CoordinatorServerSettings()
         self.coordinator = self._spawn(
             "coordinator",
             "coordinator",
-            str(log_dir / "failover.sqlite"),
-            str(DISCONNECTED_TIMEOUT),
-            str(KEEPALIVE_TIME),
-            str(KEEPALIVE_TIMEOUT),
+            str(log_dir / ("failover-default.sqlite" if defaults else "failover.sqlite")),
+            "0" if defaults else str(DISCONNECTED_TIMEOUT),
+            str(server.keepalive_time if defaults else KEEPALIVE_TIME),
+            str(server.keepalive_timeout if defaults else KEEPALIVE_TIMEOUT),
         )
         self.address = self.coordinator.expect(lambda line: bool(line.get("ready")))["address"]
         producer = self._spawn("producer", "producer", str(rate))
@@ -613,7 +631,8 @@ class Failover:
     def add_consumer(self) -> Proc:
         name = f"consumer-{self.spawned}"
         self.spawned += 1
-        proc = self._spawn(name, "consume", self.address, self.producer_address, name)
+        mode = "defaults" if self.defaults else "fast"
+        proc = self._spawn(name, "consume", self.address, self.producer_address, name, mode)
         ready = proc.expect(lambda line: bool(line.get("ready")))
         proc.connection = ready["connection"]
         self.consumers.append(proc)
@@ -658,8 +677,10 @@ class Failover:
         return sum(1 for line in self.coordinator.lines if "detached" in line)
 
 
-def run_failover(rounds: int, rate: float, log_dir: Path) -> dict[str, Any]:
-    setup = Failover(log_dir, rate)
+def run_failover(
+    rounds: int, rate: float, log_dir: Path, *, defaults: bool = False
+) -> dict[str, Any]:
+    setup = Failover(log_dir, rate, defaults=defaults)
     try:
         first = setup.add_consumer()
         if not first.lines[0]["active"]:
@@ -686,6 +707,26 @@ def run_failover(rounds: int, rate: float, log_dir: Path) -> dict[str, Any]:
         "spurious_detaches": spurious,
         "extra_activations": activations - (rounds + 1),  # one per round and the first
     }
+
+
+def measure_failover_default(rounds: int, rate: float, log_dir: Path) -> dict[str, Any]:
+    """The fail-over with every setting at its default, the consumers probed."""
+    print(
+        f"fail-over with the default settings: {rounds} rounds, 3 consumer processes "
+        f"probed, producer {rate:,.0f} msgs/s; disconnected_timeout "
+        f"{CoordinatorSettings().disconnected_timeout} s, probe_timeout "
+        f"{CoordinatorServerSettings().probe_timeout} s"
+    )
+    outcome = run_failover(rounds, rate, log_dir, defaults=True)
+    failover = sorted(r["failover_ms"] for r in outcome["rounds"])
+    figures: dict[str, Any] = {
+        "failover_ms_default_p50": statistics.median(failover),
+        "failover_ms_default_max": failover[-1],
+    }
+    for key, value in figures.items():
+        print(f"  {key:<36}{value:>10.1f}")
+    figures["failover_default_extra_activations"] = outcome["extra_activations"]
+    return figures
 
 
 def measure_leader_failover(rounds: int, log_dir: Path) -> dict[str, float]:
@@ -725,6 +766,7 @@ def measure(
             f"server min_ping_interval {MIN_PING_INTERVAL} s"
         )
         outcome = run_failover(rounds, rate, log_dir)
+        failover_default = measure_failover_default(rounds, rate, log_dir)
         leader_failover = measure_leader_failover(min(rounds, 5), log_dir)
     failover = sorted(r["failover_ms"] for r in outcome["rounds"])
     figures["failover_ms_p50"] = statistics.median(failover)
@@ -742,6 +784,7 @@ def measure(
         print(f"  {key:<36}{figures[key]:>10}")
     figures["keepalive_ms"] = KEEPALIVE_TIME * 1000
     figures["keepalive_timeout_ms"] = KEEPALIVE_TIMEOUT * 1000
+    figures.update(failover_default)
     figures.update(leader_failover)
     return figures
 
@@ -756,7 +799,7 @@ def main() -> None:
         elif role == "producer":
             child_producer(float(args[0]))
         else:
-            child_consume(args[0], args[1], args[2])
+            child_consume(args[0], args[1], args[2], args[3] == "defaults")
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--registrations", type=int, default=2_000)
@@ -766,9 +809,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument(
         "--part",
-        choices=("all", "registrations"),
+        choices=("all", "registrations", "failover_default"),
         default="all",
-        help="registrations: only the registrations (SQLite, memory, PostgreSQL)",
+        help="registrations: only the registrations (SQLite, memory, PostgreSQL); "
+        "failover_default: only the fail-over with the default settings",
     )
     parser.add_argument("--runs", type=int, default=3, help="registration runs per log")
     parser.add_argument(
@@ -785,7 +829,10 @@ def main() -> None:
     # asyncio logs that (and their pending tasks) at ERROR when the clients close: noise.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
-        if args.part == "registrations":
+        if args.part == "failover_default":
+            with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
+                figures = measure_failover_default(rounds, args.rate, Path(tmp))
+        elif args.part == "registrations":
             with tempfile.TemporaryDirectory(prefix="pykka-delivery-bench-") as tmp:
                 figures = measure_registrations(
                     total, args.connections, args.runs, Path(tmp), args.client_processes

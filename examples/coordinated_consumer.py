@@ -48,7 +48,7 @@ def main() -> None:
     def deactivated(interval: ActivationInterval) -> None:  # and when it stops
         say(deactivated=interval.end)
 
-    with Node() as node, CoordinatorClient(args.coordinator, node=node.address) as client:
+    with Node() as node, CoordinatorClient(args.coordinator, node=node) as client:
         consumer = CoordinatedConsumer(
             client,
             "shop",  # namespace: one application's groups and streams

@@ -144,9 +144,11 @@ def create_versioned(
     for statement in schema.split(";"):
         if statement.strip():
             conn.execute(statement)
+    # An older version is upgraded in place: ``schema`` adds what it lacks (IF NOT EXISTS).
     conn.execute(
         "INSERT INTO schema_versions (component, version) VALUES (%s, %s)"
-        " ON CONFLICT (component) DO NOTHING",
+        " ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version"
+        " WHERE schema_versions.version < EXCLUDED.version",
         (component, version),
     )
 
@@ -404,3 +406,4 @@ def pipelined(conn: Connection) -> contextlib.AbstractContextManager[Any]:
 
 
 UndefinedTable = pg_errors.UndefinedTable
+LockNotAvailable = pg_errors.LockNotAvailable

@@ -150,7 +150,8 @@ def create_versioned(
     """In ``conn``'s open transaction: refuse a file whose ``component`` has a newer
     schema version than ``version`` (raising ``refuse(message)``, the message naming
     ``what``: the store and its file), create the tables of
-    ``schema`` and record the version. Several components may share one file (the
+    ``schema`` (those an older version lacks too: ``IF NOT EXISTS``) and record the
+    version. Several components may share one file (the
     ``versions_table``, created by ``schema``, has a row each; a store living in the
     application's own database names a prefixed one). Statement by statement:
     ``executescript`` would commit the open transaction."""
@@ -167,8 +168,11 @@ def create_versioned(
     for statement in schema.split(";"):
         if statement.strip():
             conn.execute(statement)
+    # An older version is upgraded in place: ``schema`` adds what it lacks (IF NOT EXISTS).
     conn.execute(
-        f"INSERT OR IGNORE INTO {versions_table} (component, version) VALUES (?, ?)",
+        f"INSERT INTO {versions_table} (component, version) VALUES (?, ?) "
+        f"ON CONFLICT (component) DO UPDATE SET version = excluded.version "
+        f"WHERE excluded.version > {versions_table}.version",
         (component, version),
     )
 

@@ -7,10 +7,13 @@ from collections.abc import Iterator
 import pykka
 import pytest
 
+# Hosts in network namespaces (a factory; skipped unless root with ip and iptables).
+from tests.netns import netns
+
 # The throwaway PostgreSQL server (session) and a fresh database per test.
 from tests.postgres import postgres, postgres_url
 
-__all__ = ["postgres", "postgres_url"]
+__all__ = ["netns", "postgres", "postgres_url"]
 
 
 @pytest.fixture(autouse=True)

@@ -62,7 +62,7 @@ def main() -> None:
             ],
         )
 
-    with Node() as node, CoordinatorClient(args.coordinator, node=node.address) as client:
+    with Node() as node, CoordinatorClient(args.coordinator, node=node) as client:
         worker = SinkWorker(client, node, SERVICE_KEY, store, ledger=ledger, name=args.name)
         print("READY", flush=True)
         try:

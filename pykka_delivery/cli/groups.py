@@ -121,6 +121,7 @@ def _consumer_document(info: GroupInfo, consumer: Consumer) -> dict[str, Any]:
         "node": consumer.node,
         "activity": consumer.activity.value,
         "connectivity": consumer.connectivity.value,
+        "epoch": consumer.epoch,
         "disconnected_for": _seconds(info.disconnected_for(consumer)),
         "presumed_down_in": _seconds(info.presumed_down_in(consumer)),
     }
@@ -190,6 +191,12 @@ def _active_cell(info: GroupInfo) -> str:
     return _name(active) + (f" ({', '.join(notes)})" if notes else "")
 
 
+def _epoch_cell(info: GroupInfo) -> str:
+    """The active consumer's fencing epoch ("-": none active, or an older coordinator)."""
+    active = info.active()
+    return str(active.epoch) if active is not None and active.epoch else "-"
+
+
 def _waiting_cell(info: GroupInfo) -> str:
     return "\n".join(
         _name(c) + ("" if c.is_connected else f" ({c.connectivity.value.replace('_', ' ')})")
@@ -224,11 +231,12 @@ def groups_table(listing: tuple[GroupInfo, ...]) -> Table:
             f"{g.group.namespace}/{g.group.stream}/{g.group.name}",
             "-" if g.partition_index == SIMPLE else str(g.partition_index),
             _active_cell(g),
+            _epoch_cell(g),
             _waiting_cell(g),
             _disconnected_cell(g),
             _handover_cell(g),
         )
         for g in listing
     ]
-    columns = ("GROUP", "PARTITION", "ACTIVE", "WAITING", "DISCONNECTED", "LAST HAND-OVER")
+    columns = ("GROUP", "PARTITION", "ACTIVE", "EPOCH", "WAITING", "DISCONNECTED", "LAST HAND-OVER")
     return table("Groups (namespace/stream/group)", columns, rows)

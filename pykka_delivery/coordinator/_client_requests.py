@@ -105,14 +105,21 @@ class Requests:
         message = wire.unregister_message(next(self.request_ids), group, subscription_id)
         return Request(message, concurrent.futures.Future(), forgiving=True)
 
-    def activate_message(self, group: GroupId, subscription_id: int | None) -> pb.ClientMessage:
+    def activate_message(
+        self, group: GroupId, subscription_id: int | None, epoch: int = 0
+    ) -> pb.ClientMessage:
         if subscription_id is None:
-            ActivateConsumer(group.namespace, group.stream, group.name)
+            ActivateConsumer(group.namespace, group.stream, group.name, epoch=epoch)
         else:
             ActivateConsumer(
-                group.namespace, group.stream, group.name, self.connection_id, subscription_id
+                group.namespace,
+                group.stream,
+                group.name,
+                self.connection_id,
+                subscription_id,
+                epoch,
             )
-        return wire.activate_message(next(self.request_ids), group, subscription_id)
+        return wire.activate_message(next(self.request_ids), group, subscription_id, epoch)
 
     # --- the client's thread --------------------------------------------------------------
 
@@ -295,7 +302,9 @@ class Requests:
             # an ``active`` now must not start them again.
             logger.debug("Closing: update of subscription %d in %s ignored", subscription_id, group)
             return
-        update = SendConsumerUpdate(self.connection_id, subscription_id, group, wire_update.active)
+        update = SendConsumerUpdate(
+            self.connection_id, subscription_id, group, wire_update.active, wire_update.epoch
+        )
         key = (group, subscription_id)
         sub = self.subscriptions.get(key)
         if sub is not None:
@@ -320,7 +329,7 @@ class Requests:
         # A step-down for a subscription we no longer have is still answered, so the group
         # can hand over.
         logger.info("Step-down of unknown subscription %d in %s: answering", subscription_id, group)
-        message = self.activate_message(group, subscription_id)
+        message = self.activate_message(group, subscription_id, update.epoch)
         self.submit(Request(message, concurrent.futures.Future()))
 
     def _release_orphan(self, key: tuple[GroupId, int]) -> None:

@@ -16,10 +16,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -41,11 +43,29 @@ from pykka_delivery.protocol import coordinator_pb2_grpc as pb_grpc
 from pykka_delivery.retry import Backoff
 from pykka_delivery.transport.grpc_setup import keepalive_options, open_channel, reconnect_options
 
-__all__ = ["Attachment", "Connection", "Listener"]
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
+
+__all__ = ["Attachment", "Connection", "Listener", "hosted_by"]
 
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 Listener = Callable[[bool], object]
+
+
+def _nothing() -> None:
+    pass
+
+
+def hosted_by(node: str | Node | None, connection_id: str) -> tuple[str, str, Callable[[], None]]:
+    """A client's ``node`` (see `CoordinatorClient`): the node name of its ``Hello``, its
+    probe address ("" for none), and the call that undoes `Node.host_connection`."""
+    if node is None or isinstance(node, str):
+        return node or f"{socket.gethostname()}:{os.getpid()}", "", _nothing
+    if not node.address:
+        msg = "CoordinatorClient(node=...): start the Node first (its address is not known yet)"
+        raise ValueError(msg)
+    return node.address, node.address, node.host_connection(connection_id)
 
 
 class Attachment:
@@ -85,6 +105,19 @@ class Attachment:
             if isinstance(result, concurrent.futures.Future):
                 stopping.append(result)
         return stopping
+
+    @staticmethod
+    def when_done(stopping: list[concurrent.futures.Future[Any]], call: Callable[[], None]) -> None:
+        """Call ``call`` (idempotent) once every future in ``stopping`` is done: now, or
+        from the thread that completes the last."""
+
+        def check(_future: concurrent.futures.Future[Any] | None = None) -> None:
+            if all(future.done() for future in stopping):
+                call()
+
+        for future in stopping:
+            future.add_done_callback(check)
+        check()
 
     async def wait_done(self, stopping: list[concurrent.futures.Future[Any]]) -> bool:
         """Wait up to ``close_timeout`` until every future in ``stopping`` is done (set
@@ -138,7 +171,8 @@ class Connection:
     Args:
         requests: what the streams carry; every new stream starts with its
             `Requests.first_messages`, and what a stream reads goes to it.
-        hello: the fields of every stream's ``Hello``: connection id, node, owner.
+        hello: the fields of every stream's ``Hello``: connection id, node, owner, probe
+            address.
         attachment: set when a stream attaches (its hello answered), cleared when an
             attached stream ends.
         tls_files: the TLS files' contents, read in the caller's thread.
@@ -151,7 +185,7 @@ class Connection:
         settings: CoordinatorClientSettings,
         requests: Requests,
         *,
-        hello: tuple[str, str, str],
+        hello: tuple[str, str, str, str],
         attachment: Attachment,
         tls_files: tuple[bytes, bytes, bytes] | None,
         metadata: tuple[tuple[str, str], ...],

@@ -87,6 +87,7 @@ class _Stream:
         self.connection = hello.connection_id
         self.node = hello.node or context.peer()
         self.owner = hello.owner
+        self.probe_address = hello.probe_address
         self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
         self.sink = _Sink(asyncio.get_running_loop(), self.outbox, server)
         self.task = asyncio.current_task()
@@ -120,7 +121,9 @@ class _Stream:
             if older is not None:
                 older.end_replaced()
             server._raise_unless_leading()
-            await server._ask(Attach(self.connection, self.sink))
+            await server._ask(
+                Attach(self.connection, self.sink, self.probe_address, server._prober)
+            )
             server._counters.streams_attached += 1
             logger.info("Connection %r (node %s) attached", self.connection, self.node)
             self.outbox.put_nowait(wire.reply_message(hello_request_id, OK))

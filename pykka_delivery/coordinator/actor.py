@@ -10,7 +10,9 @@ effects (STYLE.md rule 9: it never blocks on another actor):
 * `StartTimer` / `CancelTimer` are keyed one-shot timers; a firing comes back as a message
   to the actor, which then applies the timer's `DisconnectedTimeout`.
 * `CheckConnection`: a connection with a sink attached is alive (`ConnectionReconnected`);
-  one without gives no answer, so nothing is applied.
+  one without is probed when its ``Hello`` named a probe address (probe.py, the server's
+  prober): a `ProbeAnswered` of `Verdict.GONE` (process gone) applies `ConnectionDown`,
+  unless the connection attached again meanwhile; any other verdict applies nothing.
 * `WatchConnection` / `UnwatchConnection` maintain the set of connections that have
   consumers; the sweep looks at those.
 
@@ -42,10 +44,11 @@ disconnected timers re-armed, and the current updates re-sent (to sinks as they 
 
 The sweep: every ``sweep_interval`` seconds, connections that have consumers but no sink,
 and have had none for longer than ``settings.disconnected_timeout``, are purged
-(`PurgeStaleConnections`). It is the only way consumers of a client that never comes back
-leave their groups: a lost connection's consumers are presumed down when its timer fires,
-and a connection that was connected when the coordinator stopped and never re-attaches
-after the restart has no timer at all (its active consumers would block their groups).
+(`PurgeStaleConnections`); the others are probed (_actor_liveness.py). Without a probe
+verdict, it is the only way consumers of a client that never comes back leave their
+groups: a lost connection's consumers are presumed down when its timer fires, and a
+connection that was connected when the coordinator stopped and never re-attaches after
+the restart has no timer at all (its active consumers would block their groups).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from typing import Any
 
 import pykka
 
+from pykka_delivery.coordinator._actor_liveness import Liveness
 from pykka_delivery.coordinator._batch import (
     DEFAULT_MAX_BATCH,
     PendingBatch,
@@ -92,7 +96,6 @@ from pykka_delivery.coordinator.commands import (
     ConnectionLost,
     ConnectionReconnected,
     DisconnectedTimeout,
-    PurgeStaleConnections,
     Recover,
     Refused,
     Reply,
@@ -111,6 +114,7 @@ from pykka_delivery.coordinator.effects import (
 )
 from pykka_delivery.coordinator.handovers import HandoverBook
 from pykka_delivery.coordinator.machine import apply
+from pykka_delivery.coordinator.probe import ProbeAnswered, ProbeBook
 from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
 from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
 from pykka_delivery.coordinator.stats import COUNTERS, CoordinatorStats, snapshot
@@ -166,7 +170,7 @@ def _quiet_tell(ref: pykka.ActorRef[Any]) -> Callable[[TimerFired], None]:
     return tell
 
 
-class CoordinatorActor(pykka.ThreadingActor):
+class CoordinatorActor(Liveness, pykka.ThreadingActor):
     """Runs the coordinator's state machine, its timers, its log and its sweep.
 
     Args:
@@ -225,6 +229,7 @@ class CoordinatorActor(pykka.ThreadingActor):
         self._just_sent: set[SendConsumerUpdate] | None = None  # collected during an Attach
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._book = HandoverBook()
+        self._probes = ProbeBook()
         # Loaded here, in the caller's thread, so that an unreadable log fails `start`.
         # The actor owns the log: if it does not start, nobody else would close it.
         try:
@@ -278,13 +283,17 @@ class CoordinatorActor(pykka.ThreadingActor):
         if self._batch.items:
             self._flush()  # nothing outside may see a state not stored yet
         if self._fenced:
-            if type(message) is TimerFired:
+            if type(message) is TimerFired or type(message) is ProbeAnswered:
                 return None
             raise fenced_error()
         if type(message) is TimerFired:
             self._on_timer(message)
             return None
+        if type(message) is ProbeAnswered:
+            self._on_probe_answer(message)
+            return None
         if type(message) is Attach:
+            self._probes.attached(message.connection, message.probe_address, message.prober)
             self._attach(message.connection, message.sink)
             return None
         if type(message) is Detach:
@@ -364,9 +373,13 @@ class CoordinatorActor(pykka.ThreadingActor):
         if message.lost:
             self._submit(ConnectionLost(connection, now=self._clock()))
         else:
-            self._submit(ConnectionDown(connection))
-            self._directory.drop_watches(connection)
-            self._drop_entries(connection)
+            self._connection_down(connection)
+
+    def _connection_down(self, connection: str) -> None:
+        self._probes.forget(connection)
+        self._submit(ConnectionDown(connection))
+        self._directory.drop_watches(connection)
+        self._drop_entries(connection)
 
     def _lose_sink(self, connection: str) -> None:
         del self._sinks[connection]
@@ -433,24 +446,6 @@ class CoordinatorActor(pykka.ThreadingActor):
                 elif c.activity is Activity.DEACTIVATING:
                     updates.append(step_down(gid, c))
         return updates
-
-    def _sweep(self) -> None:
-        now = self._monotonic()
-        timeout = self._state.settings.disconnected_timeout
-        stale = sorted(
-            c
-            for c in self._watched - self._sinks.keys()
-            if now - self._detached_since.setdefault(c, now) > timeout
-        )
-        if not stale:
-            return
-        logger.info(
-            "Sweep: purging connections %s, without a stream for more than %s s",
-            ", ".join(repr(c) for c in stale),
-            timeout,
-        )
-        self._count(connections_purged=len(stale))
-        self._submit(PurgeStaleConnections(connections=tuple(stale)))
 
     # --- applying commands
 
@@ -566,6 +561,8 @@ class CoordinatorActor(pykka.ThreadingActor):
             elif type(effect) is CheckConnection:
                 if effect.connection in self._sinks:
                     self._follow_ups.append(ConnectionReconnected(effect.connection))
+                else:
+                    self._probe(effect.connection)
             elif type(effect) is WatchConnection:
                 self._watched.add(effect.connection)
                 if effect.connection not in self._sinks:
@@ -573,6 +570,8 @@ class CoordinatorActor(pykka.ThreadingActor):
             elif type(effect) is UnwatchConnection:
                 self._watched.discard(effect.connection)
                 self._detached_since.pop(effect.connection, None)
+                if effect.connection not in self._sinks:
+                    self._probes.forget(effect.connection)
 
     def _send_all(self, updates: Iterable[SendConsumerUpdate]) -> None:
         for update in updates:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pykka_delivery.coordinator.commands import Command, Reply
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
+
+if TYPE_CHECKING:
+    from pykka_delivery.coordinator.probe import Prober
 
 __all__ = [
     "Attach",
@@ -73,10 +76,14 @@ class Execute:
 @dataclass(frozen=True, slots=True)
 class Attach:
     """The stream of ``connection`` is open (new or re-opened): updates for it go to
-    ``sink`` from now on, replacing an older sink. Ask: None."""
+    ``sink`` from now on, replacing an older sink. ``probe_address``: the transport node
+    of its process (its ``Hello``), asked by ``prober`` when the stream is lost without a
+    goodbye (probe.py); "" or no prober: not probed. Ask: None."""
 
     connection: str
     sink: ConnectionSink
+    probe_address: str = ""
+    prober: Prober | None = None
 
 
 @dataclass(frozen=True, slots=True)

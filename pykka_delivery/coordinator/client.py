@@ -21,10 +21,11 @@ Theory of operation:
   in its log, and the client registers everything again on the new stream all the same.
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout) on the client's channel and on
   the server; there is no heartbeat message. The client learns a connection is broken
-  within ``keepalive_time + keepalive_timeout``; keep that well below the coordinator's
-  ``disconnected_timeout`` (default 60 s), so that a client cut off from the coordinator
-  stops consuming (see `CoordinatedConsumer`) before the coordinator gives its place to
-  another consumer.
+  within ``keepalive_time + keepalive_timeout`` (15 s by default); keep that below the
+  coordinator's ``disconnected_timeout`` (default 20 s), so that a client cut off from the
+  coordinator stops consuming (see `CoordinatedConsumer`) before the coordinator gives its
+  place to another consumer, and a blip it reconnects from costs no hand-over. The
+  fencing epochs keep two consumers apart even when it does not.
 * An answer to a step-down (an identified ``Activate``) is not re-sent on a new stream:
   the coordinator re-sends the step-downs still pending when the stream attaches, and the
   consumer answers them again. Re-sent, an answer to an earlier step-down could count for
@@ -43,7 +44,7 @@ Theory of operation:
   `Consumer` stopped); if they are not done by then it closes without goodbye, so that
   nobody else is given a group while one of its messages is still being processed.
   ``close(goodbye=False)`` leaves as a crash would (the consumers wait, disconnected, for
-  the coordinator's ``disconnected_timeout``).
+  the coordinator's ``disconnected_timeout``; given a `Node`, until its probe: at once).
 
 Threads: callbacks (``on_update``, connection listeners) run on the client's thread, one
 at a time, in the order the coordinator sent. Keep them quick. Blocking calls of the
@@ -65,13 +66,11 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
-import os
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.coordinator import wire
 from pykka_delivery.coordinator._client_lag import LagClient, PositionReports
@@ -84,7 +83,12 @@ from pykka_delivery.coordinator._client_requests import (
     fail,
     log_failure,
 )
-from pykka_delivery.coordinator._client_stream import Attachment, Connection, Listener
+from pykka_delivery.coordinator._client_stream import (
+    Attachment,
+    Connection,
+    Listener,
+    hosted_by,
+)
 from pykka_delivery.coordinator.client_errors import (
     ConnectionRejected,
     CoordinatorRefused,
@@ -100,6 +104,9 @@ from pykka_delivery.coordinator.service_settings import (
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError
 from pykka_delivery.protocol import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from pykka_delivery.transport.node import Node
 
 __all__ = [
     "ConnectionRejected",
@@ -122,8 +129,13 @@ class CoordinatorClient(LagClient):
         connection_id: this connection's id, the same on every reconnect; default a new
             UUID. A process restarted with the id it had finds its consumers still there
             if it comes back within the coordinator's ``disconnected_timeout``.
-        node: the process hosting the connection (its transport node's address, say);
-            default ``hostname:pid``.
+        node: the process hosting the connection: its transport `Node` (started), or a
+            name (default ``hostname:pid``). Given a `Node`, `node` is its address, and
+            the coordinator can probe it when the connection is lost without a goodbye:
+            a process found gone (port refused, or the node does not know this
+            connection) has its consumers handed over at once, instead of after the
+            coordinator's ``disconnected_timeout`` (docs/coordinator.md, "Crash or
+            partition"). The node answers for this connection until the client closes.
         owner: a label for listings.
         settings: see `CoordinatorClientSettings`.
 
@@ -136,7 +148,7 @@ class CoordinatorClient(LagClient):
         address: str | Sequence[str],
         *,
         connection_id: str | None = None,
-        node: str | None = None,
+        node: str | Node | None = None,
         owner: str = "",
         settings: CoordinatorClientSettings | None = None,
     ) -> None:
@@ -146,7 +158,7 @@ class CoordinatorClient(LagClient):
         self.address = address if isinstance(address, str) else ",".join(addresses)
         """The address given (several: joined by commas)."""
         self.connection_id = connection_id or uuid.uuid4().hex
-        self.node = node or f"{socket.gethostname()}:{os.getpid()}"
+        self.node, probe_address, self._unhost = hosted_by(node, self.connection_id)
         self.owner = owner
         self.settings = settings or CoordinatorClientSettings()
         # Read here, so that a missing file fails in the caller's thread.
@@ -167,7 +179,7 @@ class CoordinatorClient(LagClient):
             addresses,
             self.settings,
             self._requests,
-            hello=(self.connection_id, self.node, self.owner),
+            hello=(self.connection_id, self.node, self.owner, probe_address),
             attachment=self._attachment,
             tls_files=tls_files,
             metadata=metadata,
@@ -285,12 +297,15 @@ class CoordinatorClient(LagClient):
         subscription_id: int | None = None,
         *,
         timeout: float | None = None,
+        epoch: int = 0,
     ) -> None:
         """Answer a step-down in ``group``: subscription ``subscription_id`` of this
         connection has stopped. Only the answer of the consumer whose step-down is pending
         counts, so a late answer never lets the next consumer join one still finishing.
         Without ``subscription_id``, an anonymous answer that counts for any pending
-        step-down (an operator's last-resort unblock).
+        step-down (an operator's last-resort unblock). ``epoch``: the fencing epoch the
+        step-down named (`SendConsumerUpdate.epoch`); an answer naming an older epoch
+        than the pending step-down's changes nothing. 0: not checked.
 
         Raises:
             CoordinatorRefused: ``"group_not_found"``.
@@ -304,15 +319,15 @@ class CoordinatorClient(LagClient):
             ClosedError: the client is closed.
             LocalProtocolError: called on the client's thread (from a callback).
         """
-        message = self._requests.activate_message(group, subscription_id)
+        message = self._requests.activate_message(group, subscription_id, epoch)
         self._wait(Request(message, concurrent.futures.Future()), timeout)
 
     def send_activate(
-        self, group: GroupId, subscription_id: int | None = None
+        self, group: GroupId, subscription_id: int | None = None, *, epoch: int = 0
     ) -> concurrent.futures.Future[Any]:
         """`activate` without waiting (from any thread, callbacks included); the future
         holds the outcome. A refusal is logged."""
-        message = self._requests.activate_message(group, subscription_id)
+        message = self._requests.activate_message(group, subscription_id, epoch)
         request = Request(message, concurrent.futures.Future())
         request.future.add_done_callback(partial(log_failure, "Activate"))
         self._post(request)
@@ -395,8 +410,8 @@ class CoordinatorClient(LagClient):
     def close(self, *, goodbye: bool = True) -> None:
         """Close the connection. With ``goodbye`` (the default) the coordinator removes
         this connection's consumers at once (the next ones take over); without, it
-        treats the connection as lost, as after a crash. Unanswered requests fail with
-        `ClosedError`; listeners are told ``False``. Idempotent.
+        treats the connection as lost, as after a crash (probed: see ``node``). Unanswered
+        requests fail with `ClosedError`; listeners are told ``False``. Idempotent.
 
         The goodbye waits, up to ``close_timeout``, until the listeners have stopped
         consuming (every `CoordinatedConsumer` of this client has its delivery in flight
@@ -595,4 +610,6 @@ class CoordinatorClient(LagClient):
         elif goodbye:
             await self._connection.goodbye()
         requests.cancel_orphans()
+        # The node stops vouching for the connection once its consumers have stopped.
+        attachment.when_done(stopping, self._unhost)
         await self._connection.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pykka_delivery.coordinator.state import SIMPLE, CoordinatorSettings, GroupId, StreamId
 from pykka_delivery.coordinator.stream_rules import NAME_RULE, name_problem, partitions_problem
@@ -145,6 +145,11 @@ class ActivateConsumer(_GroupCommand):
     next one. Left empty, the command names only the group, as in RabbitMQ: any pending
     step-down counts as answered (an operator's last-resort unblock). Replies `Ok`, or
     `Refused` (``GROUP_NOT_FOUND``).
+
+    ``epoch`` is the fencing epoch of the step-down answered (our clients send the one
+    their step-down named): an answer naming an epoch below the pending step-down's is
+    a late answer to an earlier activation and changes nothing. 0 (unknown: an older
+    client, an operator) is not checked.
     """
 
     namespace: str
@@ -152,6 +157,7 @@ class ActivateConsumer(_GroupCommand):
     name: str
     connection: str = ""
     subscription_id: int = -1
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         _check_names(self, "namespace", "stream", "name")
@@ -164,6 +170,11 @@ class ActivateConsumer(_GroupCommand):
             "ActivateConsumer: give connection and subscription_id together (the answering "
             f"consumer), or neither (an operator's unblock); got {self.connection!r}, "
             f"{self.subscription_id!r}",
+        )
+        _require(
+            type(self.epoch) is int and self.epoch >= 0,
+            f"ActivateConsumer.epoch must be a whole number of 0 (unknown) or more, "
+            f"got {self.epoch!r}",
         )
 
 
@@ -271,15 +282,18 @@ class EvaluateGroup(_GroupCommand):
         )
 
 
+_DEFAULT_SETTINGS = CoordinatorSettings()
+
+
 @dataclass(frozen=True, slots=True)
 class UpdateSettings:
     """Replace the settings wholesale (fields and defaults as `CoordinatorSettings`).
     Running timers keep their delay; streams above a lowered ``max_partitions`` keep
     their count (only creation and growth are checked). Replies `Ok`."""
 
-    disconnected_timeout: float = 60.0
-    recovery_min_delay: float = 10.0
-    max_partitions: int = 1024
+    disconnected_timeout: float = _DEFAULT_SETTINGS.disconnected_timeout
+    recovery_min_delay: float = _DEFAULT_SETTINGS.recovery_min_delay
+    max_partitions: int = _DEFAULT_SETTINGS.max_partitions
 
     def __post_init__(self) -> None:
         self.settings()  # validates
@@ -381,9 +395,12 @@ OK = Ok()
 @dataclass(frozen=True, slots=True)
 class Registered:
     """`RegisterConsumer` applied; ``active`` tells whether the consumer is the group's
-    active one now. Delivery starts only with the `SendConsumerUpdate` that follows."""
+    active one now, and ``epoch`` the fencing epoch of that activation (0 when it waits,
+    or from an older coordinator; not compared, as `SendConsumerUpdate.epoch`). Delivery
+    starts only with the `SendConsumerUpdate` that follows."""
 
     active: bool
+    epoch: int = field(default=0, compare=False)
 
 
 class Refusal(enum.Enum):

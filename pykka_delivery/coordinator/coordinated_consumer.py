@@ -20,7 +20,10 @@ Theory of operation:
   connection comes back in time, the coordinator re-sends ``active`` and it resumes, or
   re-sends a step-down still pending, which it answers then (the client does not re-send
   an answer of the broken stream).
-  This relies on the client noticing the break (gRPC keepalive) well before that timeout.
+  This relies on the client noticing the break (gRPC keepalive) before that timeout.
+* Each activation's `Consumer` gets the coordinator's fencing epoch (`epoch`). Shut out
+  by a newer one (`ConsumerFenced`), it stops as when cut off, without answering, and
+  waits for its next activation; `receive` does not raise it.
 * When its client closes with a goodbye, it returns a future from the connection
   listener that is done once it stopped: the client sends the goodbye (which hands the
   group over at once) only after the delivery in flight is confirmed.
@@ -40,7 +43,6 @@ for a message closes the `Consumer` at once (the wait goes on, for the next acti
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -48,9 +50,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pykka_delivery.coordinator._activation import (
+    ActivationHooks,
+    ActivationInterval,
+    ConfirmTo,
+    positions_of,
+)
 from pykka_delivery.coordinator.client import (
     ConnectionRejected,
     CoordinatorClient,
@@ -66,7 +73,13 @@ from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.delivery.stores.dedup_tx import transactional
 from pykka_delivery.delivery.timers import TimerService
-from pykka_delivery.errors import ClosedError, DeliveryError, DeliveryTimeout, LocalProtocolError
+from pykka_delivery.errors import (
+    ClosedError,
+    ConsumerFenced,
+    DeliveryError,
+    DeliveryTimeout,
+    LocalProtocolError,
+)
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
@@ -76,34 +89,6 @@ if TYPE_CHECKING:
 __all__ = ["ActivationInterval", "CoordinatedConsumer"]
 
 logger = logging.getLogger("pykka_delivery.coordinator.consumer")
-
-
-@dataclass(frozen=True, slots=True)
-class ActivationInterval:
-    """One period of consuming, in `time.monotonic` seconds.
-
-    Attributes:
-        start: when its `Consumer` was created (after the coordinator's ``active``).
-        end: when that `Consumer` was closed (before answering a step-down); None while
-            it is consuming.
-    """
-
-    start: float
-    end: float | None = None
-
-
-class _ConfirmTo:
-    """``confirm_to`` of a delivery handed out: confirms it, then lets a pending stop
-    go ahead."""
-
-    __slots__ = ("_delivery", "_owner")
-
-    def __init__(self, owner: CoordinatedConsumer, delivery: Delivery) -> None:
-        self._owner = owner
-        self._delivery = delivery
-
-    def tell(self, message: Any) -> None:
-        self._owner._confirm(self._delivery)
 
 
 class CoordinatedConsumer:
@@ -196,6 +181,8 @@ class CoordinatedConsumer:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._told_active = False  # the coordinator's last word, while connected
+        self._told_epoch = 0  # the epoch of the last ``active``
+        self._owed_epoch = 0  # the epoch of the last step-down (its answer names it)
         self._owe_activate = False  # told to step down; answer once stopped
         # Answered a step-down since the last ``active`` on this stream: a repeated
         # step-down is not answered again (the first answer is delivered, unless the
@@ -210,10 +197,7 @@ class CoordinatedConsumer:
         self._intervals: list[ActivationInterval] = []
         self._confirmed = 0
         self._closed = False
-        self._hooks = {"on_activated": on_activated, "on_deactivated": on_deactivated}
-        # Hooks due (queued under the lock, called outside it), and who calls them now.
-        self._hooks_due: collections.deque[tuple[str, ActivationInterval]] = collections.deque()
-        self._hooks_lock = threading.RLock()
+        self._hooks = ActivationHooks(self._lock, self.group, on_activated, on_deactivated)
         client.add_listener(self._on_connection)
         try:
             self.registered: Registered = client.register(
@@ -253,7 +237,7 @@ class CoordinatedConsumer:
         while True:
             consumer, fresh = self._current_consumer(deadline, timeout)
             if fresh:
-                self._run_hooks()
+                self._hooks.run()
             try:
                 if fresh:
                     consumer.register_to(self._producer)
@@ -261,11 +245,14 @@ class CoordinatedConsumer:
                 delivery = consumer.receive(remaining)
             except ClosedError:
                 continue  # stopped by a step-down or a lost connection: wait for the next turn
+            except ConsumerFenced as error:
+                self._fenced(consumer, error)
+                continue
             with self._lock:
                 if self._consumer is not consumer:
                     continue  # stopped meanwhile: unconfirmed, so the next consumer gets it
                 self._in_flight = delivery
-            return dataclasses.replace(delivery, confirm_to=_ConfirmTo(self, delivery))
+            return dataclasses.replace(delivery, confirm_to=ConfirmTo(self, delivery))
 
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries until this consumer is closed; it ends with `CoordinatorRefused`
@@ -299,7 +286,7 @@ class CoordinatedConsumer:
                 self._stop_consumer("closed")
             owed, self._owe_activate = self._owe_activate, False
             self._changed.notify_all()
-        self._run_hooks()
+        self._hooks.run()
         self._client.remove_listener(self._on_connection)
         self._client.remove_position_source(self._positions)
         if unregister:
@@ -312,7 +299,7 @@ class CoordinatedConsumer:
             except (ClosedError, ConnectionRejected, DeliveryTimeout) as error:
                 logger.warning("Unregistering from %s failed: %s", self.group, error)
         elif owed:
-            self._client.send_activate(self.group, self.subscription_id)
+            self._client.send_activate(self.group, self.subscription_id, epoch=self._owed_epoch)
 
     def __enter__(self) -> CoordinatedConsumer:
         return self
@@ -334,6 +321,15 @@ class CoordinatedConsumer:
     def active_dedup_store(self) -> DedupStore | None:
         """The current activation's deduplication store, None while not consuming."""
         return self._dedup
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch of the activation it consumes under (or was told of and
+        starts at the next `receive`); 0 when not active."""
+        with self._lock:
+            if self._consumer is not None:
+                return self._intervals[-1].epoch
+            return self._told_epoch if self._told_active else 0
 
     @property
     def is_consuming(self) -> bool:
@@ -374,7 +370,10 @@ class CoordinatedConsumer:
                 if self._consumer is not None:
                     return self._consumer, False
                 if self._told_active:
-                    return self._start_consumer(), True
+                    started = self._start_consumer()
+                    if started is not None:
+                        return started, True
+                    continue  # fenced at once: wait for the next activation
                 if deadline is None:
                     self._changed.wait()
                     continue
@@ -384,8 +383,9 @@ class CoordinatedConsumer:
                     raise DeliveryTimeout(msg)
                 self._changed.wait(remaining)
 
-    def _start_consumer(self) -> Consumer:
-        """With the lock held: a new `Consumer` for this activation."""
+    def _start_consumer(self) -> Consumer | None:
+        """With the lock held: a new `Consumer` for this activation (None: its
+        deduplication store holds a newer epoch already: it is fenced)."""
         factory = self._self_ref_factory
         if self._node is not None:
             self._exposed = (
@@ -396,15 +396,24 @@ class CoordinatedConsumer:
         try:
             dedup = None if self._dedup_factory is None else self._dedup_factory()
             consumer = Consumer(
-                self._settings, self_ref_factory=factory, dedup_store=dedup, **self._consumer_args
+                self._settings,
+                self_ref_factory=factory,
+                dedup_store=dedup,
+                epoch=self._told_epoch,
+                **self._consumer_args,
             )
+        except ConsumerFenced as error:
+            self._release_activation(dedup)
+            self._log_fenced(self._told_epoch, error)
+            self._told_active = False
+            return None
         except BaseException:
             self._release_activation(dedup)
             raise
         self._dedup = dedup
         self._consumer = consumer
-        self._intervals.append(ActivationInterval(time.monotonic()))
-        self._hook_due("on_activated")
+        self._intervals.append(ActivationInterval(time.monotonic(), epoch=self._told_epoch))
+        self._hooks.due("on_activated", self._intervals[-1])
         logger.info("Subscription %d active in %s: consuming", self.subscription_id, self.group)
         return consumer
 
@@ -416,44 +425,18 @@ class CoordinatedConsumer:
         self._consumer = None
         try:
             consumer.close()
-        except DedupStoreError as error:  # logged; the next consumer may see duplicates
+        except (DedupStoreError, ConsumerFenced) as error:  # logged: the next one took over
             logger.warning("Subscription %d in %s: %s", self.subscription_id, self.group, error)
         dedup, self._dedup = self._dedup, None
         self._release_activation(dedup)
         self._intervals[-1] = dataclasses.replace(self._intervals[-1], end=time.monotonic())
-        self._hook_due("on_deactivated")
+        self._hooks.due("on_deactivated", self._intervals[-1])
         waiters, self._stop_waiters = self._stop_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
         self._changed.notify_all()
         logger.info("Subscription %d in %s stopped (%s)", self.subscription_id, self.group, why)
-
-    def _hook_due(self, name: str) -> None:
-        """With the lock held: queue hook ``name`` with the current interval."""
-        if self._hooks[name] is not None:
-            self._hooks_due.append((name, self._intervals[-1]))
-
-    def _run_hooks(self) -> None:
-        """Without the lock: call the hooks due, one at a time and in order (a thread that
-        queued one may find another thread calling it)."""
-        with self._hooks_lock:
-            while True:
-                with self._lock:
-                    if not self._hooks_due:
-                        return
-                    name, interval = self._hooks_due.popleft()
-                hook = self._hooks[name]
-                assert hook is not None
-                try:
-                    hook(interval)
-                except Exception:
-                    logger.exception(
-                        "CoordinatedConsumer of %s: its %s hook raised (ignored: consuming "
-                        "goes on)",
-                        self.group,
-                        name,
-                    )
 
     def _release_activation(self, dedup: DedupStore | None) -> None:
         """With the lock held: withdraw the activation's name from the node and close its
@@ -492,25 +475,35 @@ class CoordinatedConsumer:
                     "one (confirmed already, or this consumer was closed)"
                 )
                 raise LocalProtocolError(msg)
-        delivery.confirm()
+            consumer = self._consumer
+        try:
+            delivery.confirm()
+        except ConsumerFenced as error:  # not counted: a newer activation has its position
+            if consumer is not None:
+                self._fenced(consumer, error)
+            return
         with self._lock:
             self._in_flight = None
             self._confirmed += 1
             stopping = not self._told_active
             answer = stopping and self._stop_if_idle("stepped down after confirming")
+            epoch = self._owed_epoch
         if stopping:  # not per message: only when this delivery ends an activation
-            self._run_hooks()
+            self._hooks.run()
         if answer:
-            self._answer()
+            self._answer(epoch)
 
     def _on_update(self, update: SendConsumerUpdate) -> None:
         """On the client's thread: the coordinator's word for this subscription."""
         with self._lock:
+            if update.stepping_down:
+                self._owed_epoch = update.epoch
             if self._closed:
                 answer = update.stepping_down
             elif update.active:
                 answer = False
                 self._told_active = True
+                self._told_epoch = update.epoch
                 self._answered = False
                 self._changed.notify_all()
             elif self._consumer is None:
@@ -526,20 +519,48 @@ class CoordinatedConsumer:
                 self._told_active = False
                 self._owe_activate = True
                 answer = self._stop_if_idle("stepping down")
-        self._run_hooks()
+        self._hooks.run()
         if answer:
-            self._answer()
+            self._answer(update.epoch)
 
-    def _answer(self) -> None:
-        """Answer the step-down (not holding the lock). If the answer cannot be delivered
-        (the connection was refused), the next copy of the step-down is answered again."""
-        future = self._client.send_activate(self.group, self.subscription_id)
+    def _answer(self, epoch: int) -> None:
+        """Answer the step-down of ``epoch`` (not holding the lock). If the answer cannot
+        be delivered (the connection was refused), the next copy of the step-down is
+        answered again."""
+        future = self._client.send_activate(self.group, self.subscription_id, epoch=epoch)
         future.add_done_callback(self._answer_done)
+
+    def _fenced(self, consumer: Consumer, error: ConsumerFenced) -> None:
+        """A newer activation of the group shut ``consumer`` out: stop it as when cut off,
+        without answering (the coordinator has moved on), and wait for the next
+        activation."""
+        with self._lock:
+            if self._consumer is not consumer:
+                return  # stopped meanwhile
+            epoch = self._intervals[-1].epoch
+            self._log_fenced(epoch, error)
+            if self._told_epoch <= epoch:  # unless already told of a newer activation
+                self._told_active = False
+            self._owe_activate = False
+            self._in_flight = None
+            self._stop_consumer("fenced")
+        self._hooks.run()
 
     def _answer_done(self, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled() or isinstance(future.exception(), ConnectionRejected):
             with self._lock:
                 self._answered = False
+
+    def _log_fenced(self, epoch: int, error: ConsumerFenced) -> None:
+        logger.warning(
+            "Subscription %d in %s was fenced: a newer activation (epoch %s) of its group "
+            "shut out this one (epoch %s); stopping until activated again (%s)",
+            self.subscription_id,
+            self.group,
+            error.newer_epoch or "unknown",
+            epoch,
+            error,
+        )
 
     def _on_connection(self, up: bool) -> concurrent.futures.Future[None] | None:
         """On the client's thread: cut off from the coordinator (or its client closing),
@@ -562,33 +583,13 @@ class CoordinatedConsumer:
             if self._consumer is not None:
                 waiter = concurrent.futures.Future()
                 self._stop_waiters.append(waiter)
-        self._run_hooks()
+        self._hooks.run()
         return waiter
 
     def _positions(self) -> list[ConsumerPosition]:
         """On the client's thread, at each report: where the open `Consumer` is in its
         producer's stream. Nothing while not consuming (the active consumer reports)."""
-        consumer, in_flight = self._consumer, self._in_flight
-        snapshot = None if consumer is None else consumer.snapshot()
-        if snapshot is None or not snapshot.received_seq_nr:  # nothing received yet
-            return []
-        # A new activation's Consumer counts from 0 until its first confirmation, but
-        # deliveries come in order: all before the one in flight were confirmed.
-        confirmed = snapshot.confirmed_seq_nr
-        if in_flight is not None:
-            confirmed = max(confirmed, in_flight.seq_nr - 1)
-        g = self.group
-        return [
-            ConsumerPosition(
-                g.namespace,
-                g.stream,
-                g.name,
-                self.partition_index,
-                snapshot.producer_id,
-                snapshot.received_seq_nr,
-                confirmed,
-            )
-        ]
+        return positions_of(self.group, self.partition_index, self._consumer, self._in_flight)
 
     def _on_refused(self, refused: CoordinatorRefused) -> None:
         """On the client's thread: registering again after a reconnect was refused; the
@@ -600,4 +601,4 @@ class CoordinatedConsumer:
             self._owe_activate = False
             self._stop_if_idle("registration refused")
             self._changed.notify_all()
-        self._run_hooks()
+        self._hooks.run()

@@ -7,7 +7,7 @@ these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pykka_delivery.coordinator.commands import DisconnectedTimeout
 from pykka_delivery.coordinator.state import Consumer, GroupId
@@ -34,12 +34,18 @@ class SendConsumerUpdate:
     answer with `ActivateConsumer` for the group. The connection answers even if it no
     longer has the subscription, so the group can hand over. Receiving the update it is
     already in is harmless (`Recover` re-sends them).
+
+    ``epoch`` is the fencing epoch of the activation: the one it starts (``active=True``)
+    or the one it ends (a step-down, which the answer names back); 0 from an older
+    coordinator. Not compared: two updates are the same order whatever epoch they carry
+    (the machine drops a repeated step-down by equality), and tests about epochs read it.
     """
 
     connection: str
     subscription_id: int
     group: GroupId
     active: bool
+    epoch: int = field(default=0, compare=False)
 
     @property
     def stepping_down(self) -> bool:
@@ -96,10 +102,15 @@ Effect = (
 
 
 def activate(group: GroupId, consumer: Consumer) -> SendConsumerUpdate:
-    """Tell ``consumer`` it is the active consumer of ``group``."""
-    return SendConsumerUpdate(consumer.connection, consumer.subscription_id, group, True)
+    """Tell ``consumer`` it is the active consumer of ``group`` (under its epoch)."""
+    return SendConsumerUpdate(
+        consumer.connection, consumer.subscription_id, group, True, consumer.epoch
+    )
 
 
 def step_down(group: GroupId, consumer: Consumer) -> SendConsumerUpdate:
-    """Tell ``consumer`` to step down in ``group`` and answer with `ActivateConsumer`."""
-    return SendConsumerUpdate(consumer.connection, consumer.subscription_id, group, False)
+    """Tell ``consumer`` to step down in ``group`` from its epoch's activation and answer
+    with `ActivateConsumer`."""
+    return SendConsumerUpdate(
+        consumer.connection, consumer.subscription_id, group, False, consumer.epoch
+    )

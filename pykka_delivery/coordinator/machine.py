@@ -18,6 +18,10 @@ docs/coordinator.md):
   deactivating consumer go at once). When the timer fires its consumers are presumed down
   and ignored; the group chooses another active consumer. When the connection comes
   back, a presumed-down active consumer and a deactivating one are told to step down.
+* Each activation takes its group's next fencing epoch (`Group.activated`), above every
+  epoch the group's key had, even before the group was removed (`epoch_floor`); updates
+  and answers name it, and an answer naming an older epoch than the pending step-down's
+  changes nothing.
 * Nothing here reads a clock, sends, or keeps an index that could drift from the groups:
   which groups a connection is in is derived from the groups each time.
 
@@ -140,7 +144,8 @@ def _activate_chosen(gid: GroupId, group: Group) -> _Changed:
     chosen = group.chosen()
     if chosen is None or not chosen.is_connected:
         return group, []
-    return group.updated(chosen.with_status(activity=_ACTIVE)), [activate(gid, chosen)]
+    group, chosen = group.activated(chosen)
+    return group, [activate(gid, chosen)]
 
 
 def _rebalance(gid: GroupId, group: Group) -> _Changed:
@@ -194,17 +199,20 @@ def _register(state: CoordinatorState, command: RegisterConsumer) -> _Result:
     if group is not None and group.partition_index != command.partition_index:
         return state, _partition_conflict(gid, group, command), []
     if group is None:
-        group = Group(command.partition_index)
+        # Above every epoch a removed group reached: a stale consumer of one never
+        # outranks this group's consumers.
+        group = Group(command.partition_index, last_epoch=state.epoch_floor)
     existing = group.find(command.connection, command.subscription_id)
     if existing is not None:
         # A retried registration: idempotent, replies the stored status (reference 2.2
         # replies a would-be status in simple groups and rebalances in partitioned ones).
-        return state, Registered(existing.counts_as_active), []
+        active = existing.counts_as_active
+        return state, Registered(active, existing.epoch if active else 0), []
     newcomer = Consumer(command.connection, command.subscription_id, command.node, command.owner)
     if not group.consumers or (not group.is_partitioned and group.active() is None):
         # The group's first consumer, or a simple group where nobody counts as active.
-        newcomer = newcomer.with_status(activity=_ACTIVE)
         group = replace(group, consumers=(*group.consumers, newcomer))
+        group, newcomer = group.activated(newcomer)
         effects: list[Effect] = [activate(gid, newcomer)]
     else:
         # It waits. A partitioned group re-checks its rule with the newcomer counted, so
@@ -213,7 +221,8 @@ def _register(state: CoordinatorState, command: RegisterConsumer) -> _Result:
         group, effects = _rebalance(gid, group) if group.is_partitioned else (group, [])
     stored = group.find(command.connection, command.subscription_id)
     active = stored is not None and stored.counts_as_active
-    return _with_group(state, gid, group), Registered(active), effects
+    epoch = stored.epoch if stored is not None and active else 0
+    return _with_group(state, gid, group), Registered(active, epoch), effects
 
 
 def _partition_conflict(gid: GroupId, group: Group, command: RegisterConsumer) -> Refused:
@@ -266,6 +275,10 @@ def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
     if command.connection and pending.key != (command.connection, command.subscription_id):
         # D11: the answer of an earlier step-down; the pending one is still finishing.
         return state, OK, []
+    if 0 < command.epoch < pending.epoch:
+        # The same consumer's answer to the step-down of an earlier activation: the
+        # current one may still be finishing (an answer without an epoch is not checked).
+        return state, OK, []
     # The step-down was answered: every connected consumer waits, the chosen one becomes
     # active and is told so, even when it is the one that just stepped down (#16975).
     # A pending consumer whose connection is lost (DD, D12) waits too, disconnected: its
@@ -303,6 +316,8 @@ def _connection_lost(state: CoordinatorState, command: ConnectionLost) -> _Resul
     if new_state != state:
         timeout = state.settings.disconnected_timeout
         effects.append(StartTimer(DisconnectedTimeout(connection), timeout))
+        # Crashed or cut off? A process found gone is handed over at once (`ConnectionDown`).
+        effects.append(CheckConnection(connection))
     return new_state, reply, effects
 
 
@@ -468,9 +483,11 @@ def _with_group(state: CoordinatorState, gid: GroupId, group: Group) -> Coordina
     groups = old.copy() if isinstance(old, MappingProxyType) else dict(old)
     if group.consumers:
         groups[gid] = group
-    else:
-        groups.pop(gid, None)
-    return replace(state, groups=MappingProxyType(groups))
+        return replace(state, groups=MappingProxyType(groups))
+    groups.pop(gid, None)
+    # Its epochs are kept as the floor of every group created later (CoordinatorState).
+    floor = max(state.epoch_floor, group.last_epoch)
+    return replace(state, groups=MappingProxyType(groups), epoch_floor=floor)
 
 
 def _for_groups_of(

@@ -18,7 +18,9 @@ Theory of operation:
   died from one that half-closed (both end the stream the same way), hence the explicit
   goodbye.
 * Liveness is gRPC keepalive (HTTP/2 PING with a timeout), on both sides; there is no
-  heartbeat message.
+  heartbeat message. A lost stream's process is probed (probe.py, `GrpcProber` on this
+  loop) when its ``Hello`` named its transport node: found gone, its consumers are
+  handed over at once instead of after ``disconnected_timeout``.
 * Lag as data: the positions a stream reports are kept by the server itself, in a
   `LagTable` (memory only, never the actor's log: they are refreshed every second); a
   goodbye drops the connection's. ``Lag`` and `CoordinatorServer.lag` read them.
@@ -67,6 +69,7 @@ from pykka_delivery.coordinator.actor import (
 )
 from pykka_delivery.coordinator.commands import Command, Reply
 from pykka_delivery.coordinator.lag import LagInfo, LagTable
+from pykka_delivery.coordinator.probe import GrpcProber, Verdict
 from pykka_delivery.coordinator.service_settings import (
     LEADER_METADATA_KEY,
     CoordinatorServerSettings,
@@ -108,6 +111,9 @@ class CoordinatorServerStats:
             follows.
         not_leader: streams and queries refused because this server does not lead (each
             answered with the leader's address when known).
+        probes_gone / probes_alive / probes_no_answer: liveness probes of lost
+            connections' processes, by verdict (probe.py): gone (handed over at once),
+            alive (its stream was cut), no answer (maybe a partition).
     """
 
     streams_attached: int
@@ -119,6 +125,9 @@ class CoordinatorServerStats:
     updates_sent: int
     coordinator: CoordinatorStats | None = None
     not_leader: int = 0
+    probes_gone: int = 0
+    probes_alive: int = 0
+    probes_no_answer: int = 0
 
 
 @dataclass(slots=True)
@@ -131,6 +140,13 @@ class _Counters:
     requests: int = 0
     updates_sent: int = 0
     not_leader: int = 0
+    probes_gone: int = 0
+    probes_alive: int = 0
+    probes_no_answer: int = 0
+
+    def count_probe(self, verdict: Verdict) -> None:
+        name = f"probes_{verdict.value}"
+        setattr(self, name, getattr(self, name) + 1)
 
     def snapshot(self) -> CoordinatorServerStats:
         return CoordinatorServerStats(**dataclasses.asdict(self))
@@ -265,6 +281,8 @@ class CoordinatorServer(ServingGate):
         self._streams: dict[str, _Stream] = {}  # the newest stream of each connection (loop)
         self._loop = asyncio.new_event_loop()
         self._replies = ReplyHandoff(self._loop)  # the actor's answers to told commands
+        # Probes the processes of lost connections, on this loop (the actor is told).
+        self._prober = GrpcProber(self._loop, self.settings, self._counters.count_probe)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pykka-delivery-coordinator-server", daemon=True
         )

@@ -83,6 +83,19 @@ class CoordinatorServerSettings:
             "Lag") not reported again is forgotten: a producer or consumer closed, or its
             connection lost. Keep it well above the clients' ``report_interval``.
             Default 30.
+        probe_timeout: how long each step of the liveness probe of a lost connection's
+            process (a TCP connect to its node, then the node's ``Probe`` rpc) may take
+            before it counts as no answer, a possible partition (docs/coordinator.md,
+            "Crash or partition"). A refused connect, or a node that does not know the
+            connection, hands its consumers over at once. Long enough for a loaded host
+            to accept a connection, short so that a crash is handed over quickly.
+            Default 1.
+        probe_token: the transport nodes' token (``NodeSettings.token``), presented to
+            the nodes the probe asks. Default none.
+        probe_tls: TLS settings to reach the nodes (their CA as ``root_certificates``;
+            with ``require_client_auth`` on the nodes, a certificate they trust). None:
+            plaintext; a node that needs TLS then gives no answer (the wait of a
+            partition). Default none.
     """
 
     host: str = "127.0.0.1"
@@ -99,6 +112,9 @@ class CoordinatorServerSettings:
     hello_timeout: float = 10.0
     shutdown_grace: float = 1.0
     lag_expiry: float = 30.0
+    probe_timeout: float = 1.0
+    probe_token: str | None = field(default=None, repr=False)
+    probe_tls: TlsSettings | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -112,6 +128,7 @@ class CoordinatorServerSettings:
                 "hello_timeout",
                 "shutdown_grace",
                 "lag_expiry",
+                "probe_timeout",
             ),
         )
         checks = [
@@ -129,6 +146,11 @@ class CoordinatorServerSettings:
             (self.shutdown_grace >= 0, "shutdown_grace must be 0 seconds or more"),
             (self.lag_expiry > 0, "lag_expiry must be above 0 seconds"),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
+            (self.probe_timeout > 0, "probe_timeout must be above 0 seconds"),
+            (
+                self.probe_token is None or len(self.probe_token) > 0,
+                "probe_token must not be empty (None: the nodes have no token)",
+            ),
         ]
         for ok, problem in checks:
             if not ok:

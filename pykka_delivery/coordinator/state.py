@@ -95,6 +95,8 @@ class Consumer:
         connectivity, activity: the composite status.
         disconnected_at: wall-clock seconds when the connection was last lost; read only
             while the consumer is disconnected, to re-arm its timer after a restart.
+        epoch: the fencing epoch of its latest activation in its group (0: never
+            active); current while it counts as active, and the one a step-down names.
     """
 
     connection: str
@@ -104,6 +106,7 @@ class Consumer:
     connectivity: Connectivity = Connectivity.CONNECTED
     activity: Activity = Activity.WAITING
     disconnected_at: float = 0.0
+    epoch: int = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -170,10 +173,14 @@ class Group:
     (0 and up) in a super stream; it is fixed when the group is created. Order matters: a
     simple group's active consumer is the first eligible one, a partitioned group's is
     ``eligible[partition_index % len(eligible)]``.
+
+    ``last_epoch`` is the fencing epoch of the group's latest activation: the next one
+    takes ``last_epoch + 1`` (`activated`), so epochs only grow within a group.
     """
 
     partition_index: int
     consumers: tuple[Consumer, ...] = ()
+    last_epoch: int = 0
 
     @property
     def is_partitioned(self) -> bool:
@@ -232,6 +239,14 @@ class Group:
             return eligible[0]
         return eligible[self.partition_index % len(eligible)]
 
+    def activated(self, consumer: Consumer) -> tuple[Group, Consumer]:
+        """This group with ``consumer`` made active under the group's next epoch, and
+        the consumer as stored (the one to tell)."""
+        epoch = self.last_epoch + 1
+        now = replace(consumer, activity=Activity.ACTIVE, epoch=epoch)
+        consumers = tuple(now if c.key == now.key else c for c in self.consumers)
+        return replace(self, consumers=consumers, last_epoch=epoch), now
+
     def updated(self, consumer: Consumer) -> Group:
         """This group with the consumer of the same key replaced by ``consumer``."""
         return replace(
@@ -266,7 +281,10 @@ class CoordinatorSettings:
         disconnected_timeout: how long the consumers of a lost connection stay
             disconnected (still members; a disconnected active consumer blocks its group)
             before they are presumed down and their groups choose other consumers.
-            Default 60 s (RabbitMQ's ``stream_sac_disconnected_timeout``).
+            Default 20 s: above a client's own detection of a broken stream and its
+            reconnect (``keepalive_time + keepalive_timeout`` = 15 s by default), so a
+            blip costs no hand-over. The fencing epochs, not this timeout, keep a cut-off
+            consumer's work from counting twice (docs/coordinator.md, D13).
         recovery_min_delay: after a restart (`Recover`), a re-armed disconnected timer
             fires no sooner than this, so connections have time to reach the restarted
             coordinator; capped at ``disconnected_timeout``. Default 10 s.
@@ -277,7 +295,7 @@ class CoordinatorSettings:
             producer per group and a group per consumer group.
     """
 
-    disconnected_timeout: float = 60.0
+    disconnected_timeout: float = 20.0
     recovery_min_delay: float = 10.0
     max_partitions: int = 1024
 
@@ -329,11 +347,16 @@ class CoordinatorState:
     """Every group (none is empty: a group goes when its last consumer goes), the stream
     catalog (each stream created with `CreateStream` and its partition count, which never
     shrinks) and the settings. ``groups`` and ``streams`` are read-only mappings;
-    `machine.apply` makes new ones."""
+    `machine.apply` makes new ones.
+
+    ``epoch_floor`` is the highest fencing epoch any removed group had reached: a group
+    created (again) starts above it, so a stale consumer of a removed group never holds
+    an epoch above the new group's (one number, not one per key: nothing to bound)."""
 
     groups: Mapping[GroupId, Group] = field(default_factory=_no_groups)
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     streams: Mapping[StreamId, int] = field(default_factory=_no_streams)
+    epoch_floor: int = 0
 
     def connections(self) -> frozenset[str]:
         """Every connection with at least one consumer."""

@@ -446,7 +446,10 @@ def encode_state(state: CoordinatorState) -> dict[str, Any]:
 
     The stream catalog is the optional key ``"streams"`` (added after format 1 was
     written; the format stays 1): a snapshot without it, written before the catalog
-    existed, reads as a coordinator with no streams.
+    existed, reads as a coordinator with no streams. Likewise the fencing epochs (a
+    group's ``last_epoch``, a consumer's ``epoch``, the state's optional key
+    ``"epoch_floor"``): a snapshot written before them reads with epochs 0, so the next
+    activation of each group takes 1.
     """
     return {
         "format": _SNAPSHOT_FORMAT,
@@ -459,11 +462,13 @@ def encode_state(state: CoordinatorState) -> dict[str, Any]:
             {"stream": _to_json(sid), "partitions": partitions}
             for sid, partitions in sorted(state.streams.items())
         ],
+        "epoch_floor": state.epoch_floor,
     }
 
 
 def decode_state(data: dict[str, Any]) -> CoordinatorState:
-    """The state `encode_state` gave ``data`` for (no ``"streams"`` key: no streams)."""
+    """The state `encode_state` gave ``data`` for (no ``"streams"`` key: no streams; no
+    ``"epoch_floor"``: 0)."""
     if data.get("format") != _SNAPSHOT_FORMAT:
         msg = f"snapshot format {data.get('format')!r}, expected {_SNAPSHOT_FORMAT}"
         raise ValueError(msg)
@@ -479,6 +484,7 @@ def decode_state(data: dict[str, Any]) -> CoordinatorState:
         groups=types.MappingProxyType(groups),
         settings=_from_json(data["settings"], CoordinatorSettings),
         streams=types.MappingProxyType(streams),
+        epoch_floor=_from_json(data.get("epoch_floor", 0), int),
     )
 
 

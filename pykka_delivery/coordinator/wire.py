@@ -102,8 +102,12 @@ def group_id(key: pb.GroupKey) -> GroupId:
 # --- client side: requests ------------------------------------------------------------
 
 
-def hello_message(request_id: int, connection_id: str, node: str, owner: str) -> pb.ClientMessage:
-    hello = pb.Hello(connection_id=connection_id, node=node, owner=owner)
+def hello_message(
+    request_id: int, connection_id: str, node: str, owner: str, probe_address: str = ""
+) -> pb.ClientMessage:
+    hello = pb.Hello(
+        connection_id=connection_id, node=node, owner=owner, probe_address=probe_address
+    )
     return pb.ClientMessage(request_id=request_id, hello=hello)
 
 
@@ -122,9 +126,9 @@ def unregister_message(request_id: int, group: GroupId, subscription_id: int) ->
 
 
 def activate_message(
-    request_id: int, group: GroupId, subscription_id: int | None
+    request_id: int, group: GroupId, subscription_id: int | None, epoch: int = 0
 ) -> pb.ClientMessage:
-    activate = pb.Activate(group=group_key(group))
+    activate = pb.Activate(group=group_key(group), epoch=epoch)
     if subscription_id is not None:
         activate.subscription_id = subscription_id
     return pb.ClientMessage(request_id=request_id, activate=activate)
@@ -170,8 +174,10 @@ def command_of(
         a = message.activate
         g = a.group
         if a.HasField("subscription_id"):
-            return ActivateConsumer(g.namespace, g.stream, g.name, connection, a.subscription_id)
-        return ActivateConsumer(g.namespace, g.stream, g.name)
+            return ActivateConsumer(
+                g.namespace, g.stream, g.name, connection, a.subscription_id, a.epoch
+            )
+        return ActivateConsumer(g.namespace, g.stream, g.name, epoch=a.epoch)
     if kind == "create_stream":
         c = message.create_stream
         return CreateStream(c.namespace, c.name, c.partitions)
@@ -268,6 +274,7 @@ def reply_message(request_id: int, reply: Reply) -> pb.ServerMessage:
     out = pb.Reply(request_id=request_id)
     if isinstance(reply, Registered):
         out.registered.active = reply.active
+        out.registered.epoch = reply.epoch
     elif isinstance(reply, Refused):
         out.refused.reason = _REFUSAL_TO_WIRE[reply.reason]
         out.refused.message = reply.message
@@ -286,6 +293,7 @@ def update_message(update: SendConsumerUpdate) -> pb.ServerMessage:
         group=group_key(update.group),
         subscription_id=update.subscription_id,
         active=update.active,
+        epoch=update.epoch,
     )
     return pb.ServerMessage(update=wire)
 
@@ -306,7 +314,7 @@ def reply_of(reply: pb.Reply) -> Ok | Registered | pb.Refused:
     reason may be `INVALID_REQUEST`, which no `Refusal` stands for)."""
     kind = reply.WhichOneof("result")
     if kind == "registered":
-        return Registered(reply.registered.active)
+        return Registered(reply.registered.active, reply.registered.epoch)
     if kind == "refused":
         return reply.refused
     return OK
@@ -333,6 +341,7 @@ def groups_message(groups: tuple[GroupInfo, ...]) -> pb.ListGroupsReply:
                 connectivity=_CONNECTIVITY_TO_WIRE[c.connectivity],
                 activity=_ACTIVITY_TO_WIRE[c.activity],
                 disconnected_at=c.disconnected_at,
+                epoch=c.epoch,
             )
         if info.last_handover is not None:
             _handover_to_wire(info.last_handover, wire.last_handover)
@@ -373,8 +382,8 @@ def _handover_of(g: pb.GroupStatus) -> Handover | None:
 
 def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
     """The listing as `GroupInfo` records. From an older server, which sends neither
-    hand-overs nor times, ``disconnected_at``, ``disconnected_timeout`` and
-    ``listed_at`` read 0."""
+    hand-overs nor times nor epochs, ``disconnected_at``, ``disconnected_timeout``,
+    ``listed_at`` and each consumer's ``epoch`` read 0."""
     return tuple(
         GroupInfo(
             group_id(g.group),
@@ -388,6 +397,7 @@ def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
                     _CONNECTIVITY_FROM_WIRE.get(c.connectivity, Connectivity.CONNECTED),
                     _ACTIVITY_FROM_WIRE.get(c.activity, Activity.WAITING),
                     c.disconnected_at,
+                    c.epoch,
                 )
                 for c in g.consumers
             ),

@@ -272,6 +272,10 @@ def _add_coordinator(
     ended = "pykka_delivery_coordinator_streams_ended"
     samples.add(ended, (address, "goodbye"), s.streams_closed)
     samples.add(ended, (address, "lost"), s.streams_lost)
+    probes = "pykka_delivery_coordinator_probes"
+    samples.add(probes, (address, "gone"), s.probes_gone)
+    samples.add(probes, (address, "alive"), s.probes_alive)
+    samples.add(probes, (address, "no_answer"), s.probes_no_answer)
     c = s.coordinator
     if c is not None:  # the actor answered
         samples.add_all(

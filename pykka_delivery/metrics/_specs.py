@@ -147,6 +147,12 @@ SPECS: tuple[Spec, ...] = (
         (*_COORDINATOR, "how"),
     ),
     _counter(
+        "coordinator_probes",
+        "Liveness probes of lost connections' processes, by verdict: gone (handed over at "
+        "once), alive (stream cut), no_answer (maybe a partition).",
+        (*_COORDINATOR, "verdict"),
+    ),
+    _counter(
         "coordinator_rejected",
         "Streams and queries refused (authentication, no hello first, malformed).",
         _COORDINATOR,

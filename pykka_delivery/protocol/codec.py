@@ -14,6 +14,7 @@ Python message        ``body`` field          refs on the wire
 `Resend`              ``resend``
 `Ack`                 ``ack``
 `RegisterConsumer`    ``register_consumer``   ``consumer_controller`` as an address
+`Fenced`              ``fenced``
 anything else         ``user``                (the payload serializer's business)
 ====================  ======================  ===========================================
 
@@ -57,6 +58,7 @@ from pykka_delivery.protocol.messages import (
     LOCAL_ONLY,
     Ack,
     ChunkedMessage,
+    Fenced,
     Ref,
     RegisterConsumer,
     Request,
@@ -75,7 +77,7 @@ _CACHE_LIMIT: Final = 4096
 
 # Messages the other side waits for before it can go on (flow control, recovery,
 # registration): a node hands them to its writer at once instead of letting a batch gather.
-PROMPT: Final[frozenset[type]] = frozenset({Request, Resend, Ack, RegisterConsumer})
+PROMPT: Final[frozenset[type]] = frozenset({Request, Resend, Ack, RegisterConsumer, Fenced})
 
 # No ref: what `Codec.last_address` and a frame builder's run start from.
 NO_REF: Final = object()
@@ -301,17 +303,30 @@ class Codec:
             r.support_resend = True
         if m.via_timeout:
             r.via_timeout = True
+        if m.epoch:  # 0, no fencing, is left out: what a peer without epochs reads
+            r.epoch = m.epoch
 
     def _encode_resend(self, envelope: transport_pb2.Envelope, m: Resend) -> None:
         envelope.resend.from_seq_nr = m.from_seq_nr  # even 0: setting it makes `resend` present
 
     def _encode_ack(self, envelope: transport_pb2.Envelope, m: Ack) -> None:
-        envelope.ack.confirmed_seq_nr = m.confirmed_seq_nr  # even 0, as above
+        a = envelope.ack
+        a.confirmed_seq_nr = m.confirmed_seq_nr  # even 0, as above
+        if m.epoch:
+            a.epoch = m.epoch
 
     def _encode_register_consumer(
         self, envelope: transport_pb2.Envelope, m: RegisterConsumer
     ) -> None:
-        envelope.register_consumer.consumer_controller = self.address(m.consumer_controller)
+        r = envelope.register_consumer
+        r.consumer_controller = self.address(m.consumer_controller)
+        if m.epoch:
+            r.epoch = m.epoch
+
+    def _encode_fenced(self, envelope: transport_pb2.Envelope, m: Fenced) -> None:
+        f = envelope.fenced
+        f.epoch = m.epoch  # even 0: setting it makes `fenced` present
+        f.producer_id = m.producer_id
 
     def _encode_user(self, envelope: transport_pb2.Envelope, message: object) -> None:
         if type(message) in LOCAL_ONLY:
@@ -401,7 +416,7 @@ class Codec:
         r = envelope.request
         try:
             return Request(
-                r.confirmed_seq_nr, r.request_up_to_seq_nr, r.support_resend, r.via_timeout
+                r.confirmed_seq_nr, r.request_up_to_seq_nr, r.support_resend, r.via_timeout, r.epoch
             )
         except ValueError as e:
             msg = f"envelope for {envelope.target!r} carries an invalid Request: {e}"
@@ -411,14 +426,19 @@ class Codec:
         return Resend(envelope.resend.from_seq_nr)
 
     def _decode_ack(self, envelope: transport_pb2.Envelope) -> Ack:
-        return Ack(envelope.ack.confirmed_seq_nr)
+        a = envelope.ack
+        return Ack(a.confirmed_seq_nr, a.epoch)
 
     def _decode_register_consumer(self, envelope: transport_pb2.Envelope) -> RegisterConsumer:
         address = envelope.register_consumer.consumer_controller
         ref = self._refs.get(address)
         if ref is None:
             ref = self._ref(envelope, "consumer_controller", address)
-        return RegisterConsumer(ref)
+        return RegisterConsumer(ref, envelope.register_consumer.epoch)
+
+    def _decode_fenced(self, envelope: transport_pb2.Envelope) -> Fenced:
+        f = envelope.fenced
+        return Fenced(f.epoch, f.producer_id)
 
     def _decode_user(self, envelope: transport_pb2.Envelope) -> object:
         u = envelope.user
@@ -453,6 +473,7 @@ _ENCODERS: Final[dict[type, Callable[[Codec, transport_pb2.Envelope, Any], None]
     Resend: Codec._encode_resend,
     Ack: Codec._encode_ack,
     RegisterConsumer: Codec._encode_register_consumer,
+    Fenced: Codec._encode_fenced,
 }
 _DECODERS: Final[dict[str, Callable[[Codec, transport_pb2.Envelope], object]]] = {
     "sequenced": Codec._decode_sequenced,
@@ -460,5 +481,6 @@ _DECODERS: Final[dict[str, Callable[[Codec, transport_pb2.Envelope], object]]] =
     "resend": Codec._decode_resend,
     "ack": Codec._decode_ack,
     "register_consumer": Codec._decode_register_consumer,
+    "fenced": Codec._decode_fenced,
     "user": Codec._decode_user,
 }

@@ -84,14 +84,16 @@ class GroupKey(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("connection_id", "node", "owner")
+    __slots__ = ("connection_id", "node", "owner", "probe_address")
     CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     connection_id: str
     node: str
     owner: str
-    def __init__(self, connection_id: _Optional[str] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+    probe_address: str
+    def __init__(self, connection_id: _Optional[str] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., probe_address: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("group", "subscription_id", "partition_index")
@@ -112,12 +114,14 @@ class Unregister(_message.Message):
     def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ...) -> None: ...
 
 class Activate(_message.Message):
-    __slots__ = ("group", "subscription_id")
+    __slots__ = ("group", "subscription_id", "epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: GroupKey
     subscription_id: int
-    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ()
@@ -250,10 +254,12 @@ class Ok(_message.Message):
     def __init__(self) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("active",)
+    __slots__ = ("active", "epoch")
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     active: bool
-    def __init__(self, active: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    def __init__(self, active: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("reason", "message")
@@ -276,14 +282,16 @@ class Reply(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class ConsumerUpdate(_message.Message):
-    __slots__ = ("group", "subscription_id", "active")
+    __slots__ = ("group", "subscription_id", "active", "epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: GroupKey
     subscription_id: int
     active: bool
-    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    def __init__(self, group: _Optional[_Union[GroupKey, _Mapping]] = ..., subscription_id: _Optional[int] = ..., active: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ServiceEntry(_message.Message):
     __slots__ = ("address", "connection", "registration_id", "node")
@@ -324,7 +332,7 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class ConsumerStatus(_message.Message):
-    __slots__ = ("connection", "subscription_id", "node", "owner", "connectivity", "activity", "disconnected_at")
+    __slots__ = ("connection", "subscription_id", "node", "owner", "connectivity", "activity", "disconnected_at", "epoch")
     CONNECTION_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +340,7 @@ class ConsumerStatus(_message.Message):
     CONNECTIVITY_FIELD_NUMBER: _ClassVar[int]
     ACTIVITY_FIELD_NUMBER: _ClassVar[int]
     DISCONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     connection: str
     subscription_id: int
     node: str
@@ -339,7 +348,8 @@ class ConsumerStatus(_message.Message):
     connectivity: Connectivity
     activity: Activity
     disconnected_at: float
-    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., connectivity: _Optional[_Union[Connectivity, str]] = ..., activity: _Optional[_Union[Activity, str]] = ..., disconnected_at: _Optional[float] = ...) -> None: ...
+    epoch: int
+    def __init__(self, connection: _Optional[str] = ..., subscription_id: _Optional[int] = ..., node: _Optional[str] = ..., owner: _Optional[str] = ..., connectivity: _Optional[_Union[Connectivity, str]] = ..., activity: _Optional[_Union[Activity, str]] = ..., disconnected_at: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ConsumerId(_message.Message):
     __slots__ = ("connection", "subscription_id", "owner")

@@ -53,16 +53,18 @@ class SequencedRun(_message.Message):
     def __init__(self, producer_id: _Optional[str] = ..., first_seq_nr: _Optional[int] = ..., producer_controller: _Optional[str] = ..., serializer_id: _Optional[int] = ..., manifest: _Optional[str] = ..., data: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("confirmed_seq_nr", "request_up_to_seq_nr", "support_resend", "via_timeout")
+    __slots__ = ("confirmed_seq_nr", "request_up_to_seq_nr", "support_resend", "via_timeout", "epoch")
     CONFIRMED_SEQ_NR_FIELD_NUMBER: _ClassVar[int]
     REQUEST_UP_TO_SEQ_NR_FIELD_NUMBER: _ClassVar[int]
     SUPPORT_RESEND_FIELD_NUMBER: _ClassVar[int]
     VIA_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     confirmed_seq_nr: int
     request_up_to_seq_nr: int
     support_resend: bool
     via_timeout: bool
-    def __init__(self, confirmed_seq_nr: _Optional[int] = ..., request_up_to_seq_nr: _Optional[int] = ..., support_resend: _Optional[bool] = ..., via_timeout: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    def __init__(self, confirmed_seq_nr: _Optional[int] = ..., request_up_to_seq_nr: _Optional[int] = ..., support_resend: _Optional[bool] = ..., via_timeout: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Resend(_message.Message):
     __slots__ = ("from_seq_nr",)
@@ -71,16 +73,28 @@ class Resend(_message.Message):
     def __init__(self, from_seq_nr: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("confirmed_seq_nr",)
+    __slots__ = ("confirmed_seq_nr", "epoch")
     CONFIRMED_SEQ_NR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     confirmed_seq_nr: int
-    def __init__(self, confirmed_seq_nr: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, confirmed_seq_nr: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterConsumer(_message.Message):
-    __slots__ = ("consumer_controller",)
+    __slots__ = ("consumer_controller", "epoch")
     CONSUMER_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     consumer_controller: str
-    def __init__(self, consumer_controller: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, consumer_controller: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class Fenced(_message.Message):
+    __slots__ = ("epoch", "producer_id")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    producer_id: str
+    def __init__(self, epoch: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
     __slots__ = ("producer_id", "seq_nr", "payload", "reason", "attempts", "timestamp_millis")

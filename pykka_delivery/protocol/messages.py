@@ -6,7 +6,9 @@ Names follow Akka/Pekko Typed reliable delivery:
 * `SequencedMessage` (producer side to consumer side, numbered; `SequencedRun` is a run of
   consecutive ones as a transport received them), `ChunkedMessage` (a piece of a large
   payload, carried inside a `SequencedMessage`);
-* `Request`, `Resend`, `Ack`, `RegisterConsumer` (consumer side to producer side);
+* `Request`, `Resend`, `Ack`, `RegisterConsumer` (consumer side to producer side), each
+  of the three but `Resend` with the consumer's fencing ``epoch``; `Fenced` (producer side
+  to a consumer side of an older epoch);
 * `PeerLinkChanged`, the one event a transport tells the endpoints exposed on it.
 
 All messages are frozen, slotted dataclasses: pykka does not copy messages, so they must
@@ -33,6 +35,7 @@ __all__ = [
     "LOCAL_ONLY",
     "Ack",
     "ChunkedMessage",
+    "Fenced",
     "PeerLinkChanged",
     "Ref",
     "RegisterConsumer",
@@ -290,12 +293,15 @@ class Request:
 
     ``support_resend`` is False in only-flow-control mode. ``via_timeout`` marks a retry
     sent because nothing arrived; the producer side then resends everything unconfirmed.
+    ``epoch`` is the consumer's fencing epoch (0: none): the producer side ignores a
+    `Request` of an epoch lower than the highest it serves.
     """
 
     confirmed_seq_nr: int
     request_up_to_seq_nr: int
     support_resend: bool = True
     via_timeout: bool = False
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         if self.confirmed_seq_nr > self.request_up_to_seq_nr:
@@ -320,16 +326,37 @@ class Resend:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """Consumer side confirms up to ``confirmed_seq_nr`` without asking for more."""
+    """Consumer side confirms up to ``confirmed_seq_nr`` without asking for more
+    (``epoch``: as in `Request`)."""
 
     confirmed_seq_nr: int
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterConsumer:
-    """Connect a consumer controller to a producer controller (from either side)."""
+    """Connect a consumer controller to a producer controller (from either side).
+
+    ``epoch`` is the consumer's fencing epoch (0: none): the producer side refuses one
+    lower than the highest it has seen (and answers `Fenced`), and takes one at least as
+    high as its new highest.
+    """
 
     consumer_controller: Ref
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fenced:
+    """Producer side to a consumer side of an older fencing epoch: it was shut out.
+
+    ``epoch`` is the highest epoch the producer ``producer_id`` serves. A consumer side
+    whose own epoch is lower stops delivering; one whose epoch is at least as high ignores
+    it (it was sent before that consumer registered).
+    """
+
+    epoch: int
+    producer_id: str
 
 
 # Fast builders of the two classes built once per message (see frozen_factory).

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pykka_delivery.protocol import delivery_pb2 as pykka__delivery_dot_protocol_dot_delivery__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'pykka_delivery/protocol/transport.proto\x12\x1bpykka_delivery.transport.v1\x1a&pykka_delivery/protocol/delivery.proto\"\xc6\x03\n\x08\x45nvelope\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x41\n\tsequenced\x18\x02 \x01(\x0b\x32,.pykka_delivery.delivery.v1.SequencedMessageH\x00\x12\x36\n\x07request\x18\x03 \x01(\x0b\x32#.pykka_delivery.delivery.v1.RequestH\x00\x12\x34\n\x06resend\x18\x04 \x01(\x0b\x32\".pykka_delivery.delivery.v1.ResendH\x00\x12.\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x1f.pykka_delivery.delivery.v1.AckH\x00\x12I\n\x11register_consumer\x18\x06 \x01(\x0b\x32,.pykka_delivery.delivery.v1.RegisterConsumerH\x00\x12\x33\n\x04user\x18\x07 \x01(\x0b\x32#.pykka_delivery.delivery.v1.PayloadH\x00\x12\x41\n\rsequenced_run\x18\x08 \x01(\x0b\x32(.pykka_delivery.delivery.v1.SequencedRunH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\"0\n\x0cTargetNotice\x12\x0f\n\x07unknown\x18\x01 \x03(\t\x12\x0f\n\x07\x65xposed\x18\x02 \x03(\t\"\xb0\x01\n\x05\x46rame\x12\x31\n\x05hello\x18\x01 \x01(\x0b\x32\".pykka_delivery.transport.v1.Hello\x12\x38\n\tenvelopes\x18\x02 \x03(\x0b\x32%.pykka_delivery.transport.v1.Envelope\x12:\n\x07targets\x18\x03 \x01(\x0b\x32).pykka_delivery.transport.v1.TargetNotice2Z\n\x04Node\x12R\n\x04Link\x12\".pykka_delivery.transport.v1.Frame\x1a\".pykka_delivery.transport.v1.Frame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'pykka_delivery/protocol/transport.proto\x12\x1bpykka_delivery.transport.v1\x1a&pykka_delivery/protocol/delivery.proto\"\xfc\x03\n\x08\x45nvelope\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x41\n\tsequenced\x18\x02 \x01(\x0b\x32,.pykka_delivery.delivery.v1.SequencedMessageH\x00\x12\x36\n\x07request\x18\x03 \x01(\x0b\x32#.pykka_delivery.delivery.v1.RequestH\x00\x12\x34\n\x06resend\x18\x04 \x01(\x0b\x32\".pykka_delivery.delivery.v1.ResendH\x00\x12.\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x1f.pykka_delivery.delivery.v1.AckH\x00\x12I\n\x11register_consumer\x18\x06 \x01(\x0b\x32,.pykka_delivery.delivery.v1.RegisterConsumerH\x00\x12\x33\n\x04user\x18\x07 \x01(\x0b\x32#.pykka_delivery.delivery.v1.PayloadH\x00\x12\x41\n\rsequenced_run\x18\x08 \x01(\x0b\x32(.pykka_delivery.delivery.v1.SequencedRunH\x00\x12\x34\n\x06\x66\x65nced\x18\t \x01(\x0b\x32\".pykka_delivery.delivery.v1.FencedH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\"0\n\x0cTargetNotice\x12\x0f\n\x07unknown\x18\x01 \x03(\t\x12\x0f\n\x07\x65xposed\x18\x02 \x03(\t\"\xb0\x01\n\x05\x46rame\x12\x31\n\x05hello\x18\x01 \x01(\x0b\x32\".pykka_delivery.transport.v1.Hello\x12\x38\n\tenvelopes\x18\x02 \x03(\x0b\x32%.pykka_delivery.transport.v1.Envelope\x12:\n\x07targets\x18\x03 \x01(\x0b\x32).pykka_delivery.transport.v1.TargetNotice\"%\n\x0cProbeRequest\x12\x15\n\rconnection_id\x18\x01 \x01(\t\"\x1b\n\nProbeReply\x12\r\n\x05known\x18\x01 \x01(\x08\x32\xb7\x01\n\x04Node\x12R\n\x04Link\x12\".pykka_delivery.transport.v1.Frame\x1a\".pykka_delivery.transport.v1.Frame(\x01\x30\x01\x12[\n\x05Probe\x12).pykka_delivery.transport.v1.ProbeRequest\x1a\'.pykka_delivery.transport.v1.ProbeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pykka_delivery.protocol.tra
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENVELOPE']._serialized_start=113
-  _globals['_ENVELOPE']._serialized_end=567
-  _globals['_HELLO']._serialized_start=569
-  _globals['_HELLO']._serialized_end=590
-  _globals['_TARGETNOTICE']._serialized_start=592
-  _globals['_TARGETNOTICE']._serialized_end=640
-  _globals['_FRAME']._serialized_start=643
-  _globals['_FRAME']._serialized_end=819
-  _globals['_NODE']._serialized_start=821
-  _globals['_NODE']._serialized_end=911
+  _globals['_ENVELOPE']._serialized_end=621
+  _globals['_HELLO']._serialized_start=623
+  _globals['_HELLO']._serialized_end=644
+  _globals['_TARGETNOTICE']._serialized_start=646
+  _globals['_TARGETNOTICE']._serialized_end=694
+  _globals['_FRAME']._serialized_start=697
+  _globals['_FRAME']._serialized_end=873
+  _globals['_PROBEREQUEST']._serialized_start=875
+  _globals['_PROBEREQUEST']._serialized_end=912
+  _globals['_PROBEREPLY']._serialized_start=914
+  _globals['_PROBEREPLY']._serialized_end=941
+  _globals['_NODE']._serialized_start=944
+  _globals['_NODE']._serialized_end=1127
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("target", "sequenced", "request", "resend", "ack", "register_consumer", "user", "sequenced_run")
+    __slots__ = ("target", "sequenced", "request", "resend", "ack", "register_consumer", "user", "sequenced_run", "fenced")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCED_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class Envelope(_message.Message):
     REGISTER_CONSUMER_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     SEQUENCED_RUN_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
     target: str
     sequenced: _delivery_pb2.SequencedMessage
     request: _delivery_pb2.Request
@@ -25,7 +26,8 @@ class Envelope(_message.Message):
     register_consumer: _delivery_pb2.RegisterConsumer
     user: _delivery_pb2.Payload
     sequenced_run: _delivery_pb2.SequencedRun
-    def __init__(self, target: _Optional[str] = ..., sequenced: _Optional[_Union[_delivery_pb2.SequencedMessage, _Mapping]] = ..., request: _Optional[_Union[_delivery_pb2.Request, _Mapping]] = ..., resend: _Optional[_Union[_delivery_pb2.Resend, _Mapping]] = ..., ack: _Optional[_Union[_delivery_pb2.Ack, _Mapping]] = ..., register_consumer: _Optional[_Union[_delivery_pb2.RegisterConsumer, _Mapping]] = ..., user: _Optional[_Union[_delivery_pb2.Payload, _Mapping]] = ..., sequenced_run: _Optional[_Union[_delivery_pb2.SequencedRun, _Mapping]] = ...) -> None: ...
+    fenced: _delivery_pb2.Fenced
+    def __init__(self, target: _Optional[str] = ..., sequenced: _Optional[_Union[_delivery_pb2.SequencedMessage, _Mapping]] = ..., request: _Optional[_Union[_delivery_pb2.Request, _Mapping]] = ..., resend: _Optional[_Union[_delivery_pb2.Resend, _Mapping]] = ..., ack: _Optional[_Union[_delivery_pb2.Ack, _Mapping]] = ..., register_consumer: _Optional[_Union[_delivery_pb2.RegisterConsumer, _Mapping]] = ..., user: _Optional[_Union[_delivery_pb2.Payload, _Mapping]] = ..., sequenced_run: _Optional[_Union[_delivery_pb2.SequencedRun, _Mapping]] = ..., fenced: _Optional[_Union[_delivery_pb2.Fenced, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node",)
@@ -50,3 +52,15 @@ class Frame(_message.Message):
     envelopes: _containers.RepeatedCompositeFieldContainer[Envelope]
     targets: TargetNotice
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., envelopes: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., targets: _Optional[_Union[TargetNotice, _Mapping]] = ...) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("connection_id",)
+    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    connection_id: str
+    def __init__(self, connection_id: _Optional[str] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...

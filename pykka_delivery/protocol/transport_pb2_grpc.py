@@ -40,6 +40,11 @@ class NodeStub:
                 request_serializer=pykka__delivery_dot_protocol_dot_transport__pb2.Frame.SerializeToString,
                 response_deserializer=pykka__delivery_dot_protocol_dot_transport__pb2.Frame.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/pykka_delivery.transport.v1.Node/Probe',
+                request_serializer=pykka__delivery_dot_protocol_dot_transport__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=pykka__delivery_dot_protocol_dot_transport__pb2.ProbeReply.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -54,6 +59,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Probe(self, request, context):
+        """The coordinator's liveness probe (a node that predates it answers UNIMPLEMENTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +73,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.Link,
                     request_deserializer=pykka__delivery_dot_protocol_dot_transport__pb2.Frame.FromString,
                     response_serializer=pykka__delivery_dot_protocol_dot_transport__pb2.Frame.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=pykka__delivery_dot_protocol_dot_transport__pb2.ProbeRequest.FromString,
+                    response_serializer=pykka__delivery_dot_protocol_dot_transport__pb2.ProbeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +108,33 @@ class Node:
             '/pykka_delivery.transport.v1.Node/Link',
             pykka__delivery_dot_protocol_dot_transport__pb2.Frame.SerializeToString,
             pykka__delivery_dot_protocol_dot_transport__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pykka_delivery.transport.v1.Node/Probe',
+            pykka__delivery_dot_protocol_dot_transport__pb2.ProbeRequest.SerializeToString,
+            pykka__delivery_dot_protocol_dot_transport__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,

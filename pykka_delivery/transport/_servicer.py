@@ -1,4 +1,5 @@
-"""The server side of a node's link (``Node.Link``): who may open one, then reading it.
+"""The server side of a node's link (``Node.Link``): who may open one, then reading it;
+and the coordinator's liveness probe (``Node.Probe``).
 
 A link is refused, counted in ``rejected_links``, when its call lacks the cluster's token
 (``UNAUTHENTICATED``), when its first frame is not a ``Hello`` (``INVALID_ARGUMENT``), and,
@@ -50,7 +51,26 @@ class LinkServicer:
             request_deserializer=bytes,  # parsed by _read
             response_serializer=transport_pb2.Frame.SerializeToString,
         )
-        return grpc.method_handlers_generic_handler(LINK_SERVICE, {"Link": link})
+        probe = grpc.unary_unary_rpc_method_handler(
+            self.Probe,
+            request_deserializer=transport_pb2.ProbeRequest.FromString,
+            response_serializer=transport_pb2.ProbeReply.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(LINK_SERVICE, {"Link": link, "Probe": probe})
+
+    async def Probe(
+        self, request: transport_pb2.ProbeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> transport_pb2.ProbeReply:
+        """The coordinator's liveness probe: whether a client of this process holds
+        ``connection_id`` (`Node.host_connection`). The same token rule as a link."""
+        if not bearer_token_ok(context.invocation_metadata(), self.node.settings.token):
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: give the coordinator the cluster's node token "
+                "(CoordinatorServerSettings.probe_token)",
+            )
+        return transport_pb2.ProbeReply(known=request.connection_id in self.node._hosted)
 
     async def Link(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]

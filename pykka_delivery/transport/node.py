@@ -41,6 +41,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -145,6 +146,7 @@ class Node:
         self._server: grpc.aio.Server | None = None
         self._loop_thread_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._hosted: set[str] = set()  # coordinator connection ids of this process's clients
         self.address = ""  # host:port others reach this node at (set by start)
         self.bound_address = ""  # host:port the server listens on
         self._metadata = (
@@ -273,6 +275,14 @@ class Node:
     def ref(self, path: str) -> RemoteRef:
         """A ref to ``host:port/name`` (this node's own addresses included)."""
         return RemoteRef(self, path)
+
+    def host_connection(self, connection_id: str) -> Callable[[], None]:
+        """Say that a coordinator client of this process holds ``connection_id``: the
+        node answers the coordinator's liveness probe (``Node.Probe``) for it with
+        ``known``, until the returned call (idempotent) undoes it. `CoordinatorClient`
+        calls it when given ``node=`` this node."""
+        self._hosted.add(connection_id)
+        return partial(self._hosted.discard, connection_id)
 
     def add_listener(self, listener: Callable[[str, bool], None]) -> None:
         """Call ``listener(peer_address, up)`` when the first link to a peer opens or the

@@ -111,11 +111,12 @@ def register(gid: GroupId, connection: str, sub: int, index: int) -> RegisterCon
     )
 
 
-def activate(gid: GroupId, member: Member | None = None) -> ActivateConsumer:
-    """The answer of ``member`` (group, connection, subscription), or an anonymous one."""
+def activate(gid: GroupId, member: Member | None = None, epoch: int = 0) -> ActivateConsumer:
+    """The answer of ``member`` (group, connection, subscription), or an anonymous one,
+    naming the step-down's ``epoch`` (0: none)."""
     if member is None:
-        return ActivateConsumer(gid.namespace, gid.stream, gid.name)
-    return ActivateConsumer(gid.namespace, gid.stream, gid.name, member[1], member[2])
+        return ActivateConsumer(gid.namespace, gid.stream, gid.name, epoch=epoch)
+    return ActivateConsumer(gid.namespace, gid.stream, gid.name, member[1], member[2], epoch)
 
 
 def members_of(state: CoordinatorState) -> set[Member]:
@@ -193,6 +194,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.timers: set[str] = set()
         self.watched: set[str] = set()
         self.now = 1000.0
+        # The highest fencing epoch each group key was activated under (kept when the
+        # group goes), and the epoch each pending step-down named.
+        self.top_epoch: dict[GroupId, int] = {}
+        self.step_down_epoch: dict[Member, int] = {}
 
     # --- carrying out commands and effects ----------------------------------------------
 
@@ -227,6 +232,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 assert member in present, f"update for a consumer not in its group: {e}"
                 assert present[member].is_connected, f"update for a lost consumer: {e}"
                 self.seq += 1
+                self.check_epoch(e, present[member] if e.active else previously[member])
                 if e.active and self.told.get(member) is not True:
                     self.started_at[member] = self.seq
                     still_finishing = [
@@ -240,7 +246,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 if e.active:
                     self.pending.discard(member)
                     self.stepping_down_since.pop(member, None)
-                elif member not in self.pending:
+                else:
+                    self.step_down_epoch[member] = e.epoch
+                if not e.active and member not in self.pending:
                     self.pending.add(member)
                     was = previously.get(member)
                     if was is None or was.connectivity is not Connectivity.PRESUMED_DOWN:
@@ -306,10 +314,23 @@ class CoordinatorMachine(RuleBasedStateMachine):
         consumers = consumers_of(self.state)
         return sorted(m for m in self.pending if m in consumers and consumers[m].is_connected)
 
+    def check_epoch(self, update: SendConsumerUpdate, consumer: Consumer) -> None:
+        """An update names the consumer's activation (a step-down, the one it ends); a
+        new activation's epoch is above every earlier one of its group (a re-sent one
+        keeps its own)."""
+        assert update.epoch == consumer.epoch >= 1, f"{update} for {consumer}"
+        top = self.top_epoch.get(update.group, 0)
+        member = (update.group, update.connection, update.subscription_id)
+        if update.active and self.told.get(member) is not True:
+            assert update.epoch > top, f"{update}: epoch not above {top}, the group's last"
+        else:
+            assert update.epoch <= top, f"{update}: an epoch never activated"
+        self.top_epoch[update.group] = max(top, update.epoch)
+
     def answer(self, member: Member) -> None:
         self.pending.discard(member)
         self.stepping_down_since.pop(member, None)
-        self.apply(activate(member[0], member))
+        self.apply(activate(member[0], member, self.step_down_epoch.get(member, 0)))
 
     @precondition(lambda self: self.members)
     @rule(data=st.data())
@@ -343,6 +364,23 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.apply(activate(gid, member))
         if pending is not None and (pending.connection, pending.subscription_id) != member[1:]:
             assert self.state == before
+
+    @rule(data=st.data())
+    def answer_naming_an_older_epoch(self, data: st.DataObject) -> None:
+        """The pending consumer's answer to the step-down of an earlier activation of its
+        changes nothing: it may still be finishing the current one."""
+        gid = data.draw(self.some_group_id())
+        group = self.state.groups.get(gid)
+        pending = group.deactivating() if group is not None else None
+        if pending is None or pending.epoch < 2:
+            return
+        before = self.state
+        older = data.draw(st.integers(1, pending.epoch - 1))
+        outcome = self.apply(
+            activate(gid, (gid, pending.connection, pending.subscription_id), older)
+        )
+        assert outcome.effects == []
+        assert self.state == before
 
     @rule(data=st.data())
     def stray_activate(self, data: st.DataObject) -> None:
@@ -517,6 +555,16 @@ class CoordinatorMachine(RuleBasedStateMachine):
             actives = [c for c in group.consumers if c.counts_as_active]
             assert len(actives) == 1, f"{gid} has no active consumer: {group.consumers}"
             assert actives[0].activity is Activity.ACTIVE, f"{gid}: {actives[0]}"
+
+    @invariant()
+    def no_group_is_below_an_epoch_its_key_had(self) -> None:
+        for gid, group in self.state.groups.items():
+            assert group.last_epoch >= self.top_epoch.get(gid, 0), f"{gid}: {group}"
+        assert all(
+            top <= self.state.epoch_floor
+            for gid, top in self.top_epoch.items()
+            if gid not in self.state.groups
+        )
 
     @invariant()
     def no_consumer_is_lost(self) -> None:

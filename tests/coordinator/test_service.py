@@ -829,6 +829,7 @@ class _FakeClient:
     def __init__(self) -> None:
         self.on_update: Callable[[SendConsumerUpdate], None] | None = None
         self.answers: list[tuple[GroupId, int | None]] = []
+        self.answered_epochs: list[int] = []
         self.refuse = False
 
     def next_subscription_id(self) -> int:
@@ -856,9 +857,10 @@ class _FakeClient:
         pass
 
     def send_activate(
-        self, group: GroupId, subscription_id: int | None = None
+        self, group: GroupId, subscription_id: int | None = None, *, epoch: int = 0
     ) -> concurrent.futures.Future[Any]:
         self.answers.append((group, subscription_id))
+        self.answered_epochs.append(epoch)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self.refuse:
             future.set_exception(ConnectionRejected("UNAUTHENTICATED", "wrong token"))

@@ -164,6 +164,7 @@ def test_killing_the_active_consumer_process_hands_its_group_to_another_without_
             f"consumer-{n}",
             "--throttle",
             str(THROTTLE),
+            "--no-probe",  # the detection by the timeout: no node to probe
         )
         ready = proc.expect(lambda line: bool(line.get("ready")), 30.0)
         assert ready["active"] == [n == 0], "the first registered is the active one"

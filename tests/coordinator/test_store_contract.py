@@ -22,9 +22,11 @@ from pykka_delivery.coordinator import (
     Command,
     ConnectionLost,
     CoordinatorSettings,
+    GroupId,
     MemoryCommandLog,
     RegisterConsumer,
     SqliteCommandLog,
+    UnregisterConsumer,
     UpdateSettings,
     apply,
     initial_state,
@@ -80,6 +82,10 @@ def logs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Logs]:
 
 def register(connection: str) -> RegisterConsumer:
     return RegisterConsumer("ns", "orders", "app", connection, 0, "node-1")
+
+
+def unregister(connection: str) -> UnregisterConsumer:
+    return UnregisterConsumer("ns", "orders", "app", connection, 0)
 
 
 def test_an_empty_log_loads_the_initial_state(logs: Logs) -> None:
@@ -199,3 +205,16 @@ def test_replaying_a_restarted_log_gives_the_state_applied_in_memory(
         log.append(command)
 
     assert logs.restart(log, name).load() == state
+
+
+def test_a_snapshot_keeps_the_fencing_epochs_and_their_floor(logs: Logs) -> None:
+    """The group removed (epochs 1, 2) leaves its floor; the one created again takes 3."""
+    commands: list[Command] = [register("c1"), register("c2"), unregister("c1"), unregister("c2")]
+    log = logs.open(snapshot_every=1)
+    log.append_all([*commands, register("c3")])  # compacts: the state is a snapshot now
+
+    loaded = logs.restart(log).load()
+
+    assert loaded == replay([*commands, register("c3")])
+    group = loaded.groups[GroupId("ns", "orders", "app")]
+    assert (loaded.epoch_floor, group.last_epoch, group.consumers[0].epoch) == (2, 3, 3)

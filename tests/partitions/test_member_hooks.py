@@ -127,3 +127,21 @@ def test_close_from_another_thread_ends_every_partition_thread(
         thread.join(WAIT)
     assert not any(t.is_alive() for t in threads)
     journal.wait_for(("active", "deactivated", 0), ("active", "deactivated", 1))
+
+
+def test_each_partitions_activations_carry_the_coordinators_increasing_epochs(
+    clients: Callable[[], CoordinatorClient],
+) -> None:
+    journal = Journal()
+    first = member(clients(), **journal.hooks("first"))
+    journal.wait_for(("first", "activated", 0), ("first", "activated", 1))
+
+    second = member(clients(), **journal.hooks("second"))  # partition 1 moves to it
+    journal.wait_for(("second", "activated", 1))
+
+    # Each partition is its own group: its first activation takes 1, the next one 2.
+    assert [i.epoch for i in first.intervals()[0]] == [1]
+    assert [i.epoch for i in first.intervals()[1]] == [1]
+    assert [i.epoch for i in second.intervals()[1]] == [2]
+    second.close()
+    first.close()

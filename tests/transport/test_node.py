@@ -120,9 +120,9 @@ def test_a_consumer_registers_once_over_a_link_its_registration_opened(
     registrations = []
     register = ProducerCore.on_register_consumer
 
-    def counted(core: ProducerCore, consumer_controller: Any) -> Any:
+    def counted(core: ProducerCore, consumer_controller: Any, epoch: int = 0) -> Any:
         registrations.append(consumer_controller)
-        return register(core, consumer_controller)
+        return register(core, consumer_controller, epoch)
 
     monkeypatch.setattr(ProducerCore, "on_register_consumer", counted)
     a, b = start(nodes), start(nodes)

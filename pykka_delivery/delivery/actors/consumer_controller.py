@@ -45,6 +45,7 @@ from pykka_delivery.delivery.session.consumer import ConsumerSession
 from pykka_delivery.delivery.stores.dead_letters import DeadLetterDestination, DeadLetterError
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.delivery.timers import TimerService
+from pykka_delivery.errors import ConsumerFenced
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
 
@@ -85,6 +86,16 @@ class ConsumerController(ControllerActor):
             default): a `Rejected` is refused (logged as an error, nothing changes). If
             the destination fails, the controller logs an error and stops (the message
             stays unconfirmed at the producer).
+        epoch: the fencing epoch of this activation (from a coordinator; 0, the
+            default: none), sent with its registration, Requests and Acks. When the
+            producer controller serves a newer epoch it answers `Fenced`: the controller
+            logs a warning and stops without delivering or confirming more. Above 0, a
+            ``dedup_store`` with a ``fence`` method is fenced with it (`ConsumerFenced`
+            from the constructor if the store holds a newer epoch, and the controller
+            stops if the store refuses a write later).
+
+    Raises:
+        TypeError, ValueError: ``epoch`` is not an int >= 0.
     """
 
     Start = ConsumerStart
@@ -104,6 +115,7 @@ class ConsumerController(ControllerActor):
         registry: ServiceRegistry | None = None,
         dedup_store: DedupStore | None = None,
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
+        epoch: int = 0,
     ) -> None:
         if service_key is not None and (not isinstance(service_key, str) or not service_key):
             msg = f"service_key must be a non-empty str or None, got {service_key!r}"
@@ -124,6 +136,7 @@ class ConsumerController(ControllerActor):
             dead_letters=dead_letters,
             hand_out=False,
             on_end=self._stop_once,
+            epoch=epoch,
         )
         self.core = self._session.core
 
@@ -135,7 +148,7 @@ class ConsumerController(ControllerActor):
     def on_stop(self) -> None:
         try:
             self._session.close()
-        except DedupStoreError as error:
+        except (DedupStoreError, ConsumerFenced) as error:
             self._logger.error("ConsumerController stopping: %s", error)
         self._tell_outbox()
         if self.service_key is not None:
@@ -169,7 +182,7 @@ class ConsumerController(ControllerActor):
         and the actor stops); then what it sent is told."""
         try:
             self._session.run(effects)
-        except (DedupStoreError, DeadLetterError) as error:
+        except (DedupStoreError, DeadLetterError, ConsumerFenced) as error:
             self._logger.error("ConsumerController stopping: %s", error)
             return
         self._tell_outbox()

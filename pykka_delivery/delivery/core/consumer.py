@@ -56,7 +56,7 @@ from typing import Any
 
 from pykka_delivery.delivery.core import consumer_trace as trace
 from pykka_delivery.delivery.core.consumer_chunks import ChunkCollector
-from pykka_delivery.delivery.core.consumer_control import ConsumerControl
+from pykka_delivery.delivery.core.consumer_control import ConsumerControl, check_epoch
 from pykka_delivery.delivery.core.consumer_dedup import DedupPositions
 from pykka_delivery.delivery.core.consumer_records import (
     ACTIVE,
@@ -88,9 +88,9 @@ from pykka_delivery.errors import LocalProtocolError
 from pykka_delivery.protocol.messages import (
     Ack,
     ChunkedMessage,
+    Fenced,
     PeerLinkChanged,
     Ref,
-    Request,
     Resend,
     SequencedMessage,
     SequencedRun,
@@ -134,6 +134,12 @@ class ConsumerCore(ConsumerControl):
         default_window: the window when ``settings.flow_control_window`` is None: the
             shell's default (`ACTOR_FLOW_CONTROL_WINDOW`, Akka's 50, unless a handle's
             session says `HANDLE_FLOW_CONTROL_WINDOW`).
+        epoch: the fencing epoch of this activation (from a coordinator; 0: none), sent
+            in every `RegisterConsumer`, `Request` and `Ack`. A `Fenced` of a higher
+            epoch stops the core (`on_fenced`).
+
+    Raises:
+        TypeError, ValueError: ``epoch`` is not an int >= 0.
 
     Call `on_spawned` once before anything else: it starts the retry timer.
     """
@@ -165,7 +171,10 @@ class ConsumerCore(ConsumerControl):
         *,
         dedup_positions: Mapping[str, int] | None = None,
         default_window: int = ACTOR_FLOW_CONTROL_WINDOW,
+        epoch: int = 0,
     ) -> None:
+        self.epoch = check_epoch(epoch, "ConsumerController")
+        self.fenced_by = None
         self.self_ref = self_ref
         if new_confirm_to is None:
             target = self_ref if confirm_to is None else confirm_to
@@ -212,6 +221,7 @@ class ConsumerCore(ConsumerControl):
             RegisterToProducerController: lambda m: self.on_register_to(m.producer_controller),
             DeliverThenStop: lambda _: self.on_deliver_then_stop(),
             PeerLinkChanged: self.on_peer_link_changed,
+            Fenced: self.on_fenced,
         }
 
     # --- queries ---------------------------------------------------------------------
@@ -466,14 +476,14 @@ class ConsumerCore(ConsumerControl):
         if current.first:
             # Confirm the first message at once: it stops the producer's first-resends.
             requested = seq_nr - 1 + max(self.window, 2)  # window 1 still opens one more
-            effects.append(Send(pc, Request(seq_nr, requested, self.resend_lost, False)))
+            effects.append(Send(pc, self._request(seq_nr, requested)))
         elif requested - seq_nr <= self._half:
             # max(): in only-flow-control mode a gap may have carried seq_nr past requested.
             requested = max(requested, seq_nr) + self._half
-            effects.append(Send(pc, Request(seq_nr, requested, self.resend_lost, False)))
+            effects.append(Send(pc, self._request(seq_nr, requested)))
             self._restart_retry(effects)
         elif current.ack:
-            effects.append(Send(pc, Ack(seq_nr)))
+            effects.append(Send(pc, Ack(seq_nr, self.epoch)))
         self.confirmed_seq_nr = seq_nr
         self.requested_seq_nr = requested
         self.current = None
@@ -535,7 +545,7 @@ class ConsumerCore(ConsumerControl):
         if msg.first or not self.resend_lost:
             requested = seq_nr - 1 + self.window
             trace.associated(msg.producer_id, seq_nr, requested)
-            effects.append(Send(pc, Request(0, requested, self.resend_lost, False)))
+            effects.append(Send(pc, self._request(0, requested)))
             self.producer_controller = pc
             self.producer_id = msg.producer_id
             self.received_seq_nr = seq_nr
@@ -599,12 +609,8 @@ class ConsumerCore(ConsumerControl):
         if self.requested_seq_nr - msg.seq_nr <= self._half:
             self.requested_seq_nr = max(self.requested_seq_nr, msg.seq_nr) + self._half
             assert self.producer_controller is not None
-            effects.append(
-                Send(
-                    self.producer_controller,
-                    Request(self.confirmed_seq_nr, self.requested_seq_nr, self.resend_lost, False),
-                )
-            )
+            request = self._request(self.confirmed_seq_nr, self.requested_seq_nr)
+            effects.append(Send(self.producer_controller, request))
             self._restart_retry(effects)
 
     def _delivery(self, msg: SequencedMessage | SequencedRun) -> Delivery:

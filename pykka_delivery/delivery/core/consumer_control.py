@@ -3,8 +3,9 @@
 Part of `ConsumerCore` (core/consumer.py), which inherits it: the inputs that are not the
 flow of `SequencedMessage`s and confirmations. `on_register_to` (connect from the consumer
 side), `on_deliver_then_stop`, `on_consumer_terminated` and `on_stopped` (the three ways
-to stop), `on_peer_link_changed` (retry at once when a link comes back), `on_timer` (the
-retry timer and the redelivery of a rejected message), and the retry rules they share.
+to stop), `on_fenced` (a newer fencing epoch shut this one out), `on_peer_link_changed`
+(retry at once when a link comes back), `on_timer` (the retry timer and the redelivery of
+a rejected message), and the retry rules they share.
 They read and assign the same state as the rest of the core; nothing outside the two
 modules assigns it.
 """
@@ -35,8 +36,10 @@ from pykka_delivery.delivery.core.consumer_redelivery import REDELIVER, Redelive
 from pykka_delivery.delivery.core.consumer_retry import RETRY, RetryTimer
 from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, Stop
 from pykka_delivery.delivery.messages import Delivery
+from pykka_delivery.errors import ConsumerFenced
 from pykka_delivery.protocol.messages import (
     Ack,
+    Fenced,
     PeerLinkChanged,
     Ref,
     RegisterConsumer,
@@ -46,7 +49,28 @@ from pykka_delivery.protocol.messages import (
     SequencedRun,
 )
 
-__all__ = ["ConsumerControl"]
+__all__ = ["ConsumerControl", "check_epoch"]
+
+
+def check_epoch(epoch: object, owner: str) -> int:
+    """``epoch`` if it is a fencing epoch (an int >= 0).
+
+    Raises:
+        TypeError, ValueError: it is not; the message names ``owner``'s argument.
+    """
+    if type(epoch) is not int:  # bool is not an epoch
+        msg = (
+            f"{owner}: epoch must be an int >= 0 (the fencing epoch of this activation, "
+            f"from the coordinator; 0: none), got {type(epoch).__name__} {epoch!r}"
+        )
+        raise TypeError(msg)
+    if epoch < 0:
+        msg = (
+            f"{owner}: epoch must be >= 0 (the fencing epoch of this activation, from the "
+            f"coordinator; 0: none), got {epoch}"
+        )
+        raise ValueError(msg)
+    return epoch
 
 
 class ConsumerControl:
@@ -62,6 +86,8 @@ class ConsumerControl:
         "confirmed_seq_nr",
         "consumer",
         "current",
+        "epoch",
+        "fenced_by",
         "phase",
         "producer_controller",
         "producer_id",
@@ -86,6 +112,8 @@ class ConsumerControl:
     registering: Ref | None
     stopping: bool
     current: SequencedMessage | SequencedRun | None
+    epoch: int
+    fenced_by: Fenced | None
     resend_lost: bool
     _half: int
     _heard: bool
@@ -101,13 +129,13 @@ class ConsumerControl:
             return []
         if phase is _WAITING_FOR_START:
             self.registering = producer_controller
-            return [Send(producer_controller, RegisterConsumer(self.self_ref))]
+            return [Send(producer_controller, RegisterConsumer(self.self_ref, self.epoch))]
         if producer_controller == self.producer_controller:
             return []
         trace.registering(self.producer_id)
         effects: list[Effect] = []
         self._restart_retry(effects)
-        effects.append(Send(producer_controller, RegisterConsumer(self.self_ref)))
+        effects.append(Send(producer_controller, RegisterConsumer(self.self_ref, self.epoch)))
         self.registering = producer_controller
         if phase is _RESENDING:
             self.phase = _ACTIVE  # as in the original
@@ -148,7 +176,35 @@ class ConsumerControl:
         self.phase = _STOPPED
         if self.producer_controller is None:
             return []
-        return [Send(self.producer_controller, Ack(self.confirmed_seq_nr))]
+        return [Send(self.producer_controller, Ack(self.confirmed_seq_nr, self.epoch))]
+
+    def on_fenced(self, fenced: Fenced) -> list[Effect]:
+        """A producer controller serves a newer fencing epoch than ours: stop at once,
+        delivering and confirming nothing more (not even the last `Ack`: it would not
+        count). A `Fenced` of an epoch not above ours is a late one from before we
+        registered: ignored."""
+        if fenced.epoch <= self.epoch or self.fenced_by is not None:
+            return []
+        trace.fenced(self.epoch, fenced.epoch, fenced.producer_id)
+        self.fenced_by = fenced
+        self.phase = _STOPPED
+        self.current = None
+        self.stash.clear()
+        return [Stop()]
+
+    def fenced_error(self) -> ConsumerFenced | None:
+        """The error of a controller shut out by a newer epoch (`on_fenced`), or None."""
+        fenced = self.fenced_by
+        if fenced is None:
+            return None
+        msg = (
+            f"Consumer of fencing epoch {self.epoch} was shut out: producer "
+            f"{fenced.producer_id!r} serves epoch {fenced.epoch}, a newer activation of this "
+            "consumer's group. Nothing it delivers or confirms counts any more (its "
+            "unconfirmed messages go to the newer consumer): close it, and start a new one "
+            "only with a new activation's epoch"
+        )
+        return ConsumerFenced(msg, self.epoch, fenced.epoch)
 
     def on_peer_link_changed(self, event: PeerLinkChanged) -> list[Effect]:
         """The link to a node came back (after going down): if our producer controller
@@ -174,7 +230,7 @@ class ConsumerControl:
         effects: list[Effect] = []
         if phase is _WAITING_FOR_START:
             if self.registering is not None:
-                effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
+                effects.append(Send(self.registering, RegisterConsumer(self.self_ref, self.epoch)))
             return effects
         if phase not in (_ACTIVE, _RESENDING):
             return effects  # no retries while a delivery awaits confirmation
@@ -208,7 +264,7 @@ class ConsumerControl:
     def _retry_now(self, effects: list[Effect]) -> None:
         """Repeat what the peer may have missed: registration, Request, or Resend."""
         if self.registering is not None:
-            effects.append(Send(self.registering, RegisterConsumer(self.self_ref)))
+            effects.append(Send(self.registering, RegisterConsumer(self.self_ref, self.epoch)))
         elif self.phase is _ACTIVE:
             self._retry_request(effects)
         else:
@@ -228,8 +284,12 @@ class ConsumerControl:
         else:
             requested = self.received_seq_nr + self._half
         trace.retrying_request(self.confirmed_seq_nr, requested)
-        effects.append(Send(pc, Request(self.confirmed_seq_nr, requested, self.resend_lost, True)))
+        effects.append(Send(pc, self._request(self.confirmed_seq_nr, requested, True)))
         self.requested_seq_nr = requested
+
+    def _request(self, confirmed_seq_nr: int, up_to: int, via_timeout: bool = False) -> Request:
+        """A `Request` of this controller (its mode and fencing epoch)."""
+        return Request(confirmed_seq_nr, up_to, self.resend_lost, via_timeout, self.epoch)
 
     def _restart_retry(self, effects: list[Effect]) -> None:
         self._heard = False  # the new interval starts now
@@ -237,6 +297,6 @@ class ConsumerControl:
 
     def _stop(self, effects: list[Effect]) -> None:
         if self.producer_controller is not None:
-            effects.append(Send(self.producer_controller, Ack(self.confirmed_seq_nr)))
+            effects.append(Send(self.producer_controller, Ack(self.confirmed_seq_nr, self.epoch)))
         self.phase = _STOPPED
         effects.append(Stop())

@@ -13,6 +13,7 @@ __all__ = [
     "associated",
     "discarded",
     "duplicate",
+    "fenced",
     "gap",
     "link_restored",
     "met_midway",
@@ -97,3 +98,12 @@ def retrying_request(confirmed_seq_nr: int, requested_seq_nr: int) -> None:
 
 def retrying_resend(from_seq_nr: int) -> None:
     logger.debug("Retry sending Resend from seq_nr %d", from_seq_nr)
+
+
+def fenced(epoch: int, newer_epoch: int, producer_id: str) -> None:
+    logger.warning(
+        "Received Fenced from producer %r: epoch %d is shut out by epoch %d, stopping",
+        producer_id,
+        epoch,
+        newer_epoch,
+    )

@@ -22,6 +22,12 @@ Theory of operation (a port of Pekko's ``ProducerControllerImpl``; names kept):
 * A payload that cannot be encoded for where it goes is refused before it is numbered
   (core/payload_gate.py). With chunking on, cutting it serializes it, which refuses it
   the same way, so the gate is off.
+* Fencing (issue 21): a `RegisterConsumer` carries the consumer's epoch. The core serves
+  the highest one registered: a lower registration is refused and told `Fenced`, the
+  current consumer keeping the stream; a higher one takes over as any new registration
+  does, and the consumer controller it replaces is told `Fenced` at once. `Request` and
+  `Ack` of a lower epoch change nothing (one comparison on their path); a retry among them
+  (``via_timeout``) is answered with `Fenced` again, in case the first was lost.
 * Durable mode (a `DurableProducerState` loaded from a durable producer queue is given):
   every message, or every chunk, is stored before it is sent (`StoreMessageSent` comes
   before its `Send`), a `MessageWithConfirmation` is answered as soon as it is stored, and
@@ -206,6 +212,9 @@ class ProducerCore(ProducerControl):
         self.remaining_chunks: deque[SequencedMessage] = deque()
         self.replies: dict[int, Ref] = {}
         self._counts = ProducerCounters()
+        # Fencing: the highest epoch registered, and the consumer controllers it shut out.
+        self.epoch = 0
+        self._superseded: dict[int, Ref] = {}
         self._stuck = StuckCheck(producer_id, self.settings.stuck_after)
         self._durable = durable_state is not None
         self._closed = False  # on_closed counted what it lost
@@ -233,10 +242,10 @@ class ProducerCore(ProducerControl):
             SendNext: lambda m: self.on_msg(m.message, None, m.checked),
             MessageWithConfirmation: lambda m: self.on_msg(m.message, m.reply_to, m.checked),
             Request: self.on_request,
-            Ack: lambda m: self.on_ack(m.confirmed_seq_nr),
+            Ack: lambda m: self.on_ack(m.confirmed_seq_nr, m.epoch),
             Resend: lambda m: self.on_resend(m.from_seq_nr),
             ProducerStart: lambda m: self.on_start(m.producer),
-            RegisterConsumer: lambda m: self.on_register_consumer(m.consumer_controller),
+            RegisterConsumer: lambda m: self.on_register_consumer(m.consumer_controller, m.epoch),
             # The consumer side drives recovery (it retries when its link comes back).
             PeerLinkChanged: lambda _: [],
         }
@@ -424,7 +433,13 @@ class ProducerCore(ProducerControl):
         return seq_msg
 
     def on_request(self, request: Request) -> list[Effect]:
-        """The consumer side confirms ``confirmed_seq_nr`` and opens the window."""
+        """The consumer side confirms ``confirmed_seq_nr`` and opens the window (unless
+        it is of a fencing epoch lower than the highest registered: ignored)."""
+        if request.epoch < self.epoch:
+            epoch = request.epoch
+            return self._refuse_fenced(
+                epoch, self._superseded.get(epoch) if request.via_timeout else None
+            )
         self._counts.requests += 1
         confirmed = request.confirmed_seq_nr
         support_resend = request.support_resend
@@ -463,8 +478,11 @@ class ProducerCore(ProducerControl):
             self._open_fast_path()
         return effects
 
-    def on_ack(self, confirmed_seq_nr: int) -> list[Effect]:
-        """The consumer side confirms up to ``confirmed_seq_nr`` without more demand."""
+    def on_ack(self, confirmed_seq_nr: int, epoch: int = 0) -> list[Effect]:
+        """The consumer side confirms up to ``confirmed_seq_nr`` without more demand
+        (unless ``epoch`` is lower than the highest registered: ignored)."""
+        if epoch < self.epoch:
+            return self._refuse_fenced(epoch, None)
         self._counts.acks += 1
         effects: list[Effect] = []
         self._confirm(confirmed_seq_nr, effects)

@@ -4,7 +4,8 @@ Part of `ProducerCore` (core/producer.py), which inherits it: the inputs that ar
 flow of the producer's messages and the consumer side's confirmations. `on_start` (a
 producer registers), `on_register_consumer` (a consumer controller connects: the payload
 gate is aimed at it, and what it may not have seen is resent), `on_resend` (a gap),
-`on_timer` (the first message's resend, the stuck check), `on_closed`; becoming active,
+`on_timer` (the first message's resend, the stuck check), `on_closed`; fencing (the
+highest epoch registered is served, a lower one is refused and told `Fenced`); becoming active,
 and starting from what a durable queue loaded (Akka's ``createState``); the resends they
 share with the flow (`_resend`, `_push_backlog`, `_resend_first`) and the `RequestNext`
 the core tells its producer. They read and assign the same state as the rest of the core;
@@ -17,7 +18,7 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from pykka_delivery.delivery.core.durable_state import DurableProducerState
 from pykka_delivery.delivery.core.effects import CancelTimer, Effect, Send, StartTimer
@@ -35,7 +36,7 @@ from pykka_delivery.delivery.core.producer_records import (
 from pykka_delivery.delivery.core.settings import ProducerControllerSettings
 from pykka_delivery.delivery.core.stuck import StuckCheck
 from pykka_delivery.delivery.messages import RequestNext
-from pykka_delivery.protocol.messages import Ref, SequencedMessage
+from pykka_delivery.protocol.messages import Fenced, Ref, SequencedMessage
 from pykka_delivery.protocol.payload_check import PayloadCheck
 
 __all__ = ["RESEND_FIRST", "STUCK_CHECK", "ProducerControl", "no_clock"]
@@ -47,6 +48,11 @@ STUCK_CHECK = "stuck_check"
 
 RESEND_FIRST = "resend_first"
 """Key of the timer that resends the first message of a session until it is confirmed."""
+
+
+# Consumer controllers shut out by a newer epoch that the core remembers, to answer their
+# retries with Fenced; an older one is forgotten (it was told once already).
+_SUPERSEDED_LIMIT: Final = 64
 
 
 def no_clock() -> int:
@@ -69,10 +75,12 @@ class ProducerControl:
         "_fast_up_to",
         "_plain",
         "_stuck",
+        "_superseded",
         "ask_next_to",
         "confirmed_seq_nr",
         "consumer",
         "current_seq_nr",
+        "epoch",
         "first_seq_nr",
         "gate",
         "phase",
@@ -112,6 +120,8 @@ class ProducerControl:
     _clock: Callable[[], int]
     _plain: bool
     _fast_up_to: int
+    epoch: int
+    _superseded: dict[int, Ref]
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -127,8 +137,24 @@ class ProducerControl:
             return [Send(producer, self._request_next(self.current_seq_nr, self.confirmed_seq_nr))]
         return []
 
-    def on_register_consumer(self, consumer_controller: Ref) -> list[Effect]:
-        """Connect to a (new) consumer controller; the next message starts its session."""
+    def on_register_consumer(self, consumer_controller: Ref, epoch: int = 0) -> list[Effect]:
+        """Connect to a (new) consumer controller; the next message starts its session.
+
+        Fencing: one of an ``epoch`` lower than the highest registered is refused (the
+        current one keeps the stream) and told `Fenced`; a higher one takes over, and the
+        consumer controller it replaces is told `Fenced` at once."""
+        current = self.epoch
+        if epoch < current:
+            return self._refuse_fenced(epoch, consumer_controller)
+        if epoch == current:
+            return self._connect(consumer_controller)
+        self.epoch = epoch
+        old = self.consumer
+        if old is None or old == consumer_controller:
+            return self._connect(consumer_controller)
+        return self._supersede(old, current) + self._connect(consumer_controller)
+
+    def _connect(self, consumer_controller: Ref) -> list[Effect]:
         self.consumer = consumer_controller
         self._check = self.gate.aim((consumer_controller,))
         if self.phase is _WAITING_FOR_INITIALIZATION:
@@ -193,6 +219,38 @@ class ProducerControl:
         return first, last
 
     # --- internals -------------------------------------------------------------------
+
+    def _supersede(self, old: Ref, old_epoch: int) -> list[Effect]:
+        """``old``, of ``old_epoch``, was shut out by the new highest epoch: told so now,
+        and remembered to be told again when it retries (`_refuse_fenced`)."""
+        logger.info(
+            "ProducerController %r: a consumer controller of epoch %d takes over, the one of "
+            "epoch %d is fenced",
+            self.producer_id,
+            self.epoch,
+            old_epoch,
+        )
+        superseded = self._superseded
+        if len(superseded) >= _SUPERSEDED_LIMIT:
+            del superseded[min(superseded)]
+        superseded[old_epoch] = old
+        return [Send(old, Fenced(self.epoch, self.producer_id))]
+
+    def _refuse_fenced(self, epoch: int, retrying: Ref | None) -> list[Effect]:
+        """A `RegisterConsumer`, `Request` or `Ack` of an ``epoch`` lower than the highest
+        registered: ignored, and answered with `Fenced` when it is a retry (``retrying``:
+        its sender, or the one of that epoch remembered by `_supersede`; None: its
+        sender was told at once when it was shut out)."""
+        self._counts.fenced += 1
+        if retrying is None:
+            return []
+        logger.debug(
+            "ProducerController %r: fenced a consumer controller of epoch %d (serving %d)",
+            self.producer_id,
+            epoch,
+            self.epoch,
+        )
+        return [Send(retrying, Fenced(self.epoch, self.producer_id))]
 
     def _become_active_if_ready(self) -> list[Effect]:
         if self.producer is None or self.consumer is None:

@@ -52,6 +52,7 @@ class ProducerSnapshot:
     unconfirmed: tuple[int, ...]
     remaining_chunks: tuple[int, ...]
     pending_replies: tuple[int, ...]
+    epoch: int = 0  # the highest fencing epoch registered (0: none)
 
     @property
     def sent_seq_nr(self) -> int:
@@ -76,6 +77,7 @@ class ProducerSnapshot:
             unconfirmed=tuple(m.seq_nr for m in core.unconfirmed),
             remaining_chunks=tuple(m.seq_nr for m in core.remaining_chunks),
             pending_replies=tuple(sorted(core.replies)),
+            epoch=core.epoch,
         )
 
 
@@ -101,6 +103,9 @@ class ProducerStats:
         refused_payloads: messages refused when sent because their payload cannot be
             encoded for the consumer side's transport or the durable queue (the send
             raised `SerializationError`; nothing was numbered).
+        fenced: `RegisterConsumer`, `Request` and `Ack` messages ignored because their
+            fencing epoch is lower than the highest registered (each answered with
+            `Fenced`, or told so once already).
     """
 
     sent: int
@@ -114,6 +119,7 @@ class ProducerStats:
     stuck_reports: int
     lost_on_close: int
     refused_payloads: int = 0
+    fenced: int = 0
 
 
 class ProducerCounters:
@@ -121,6 +127,7 @@ class ProducerCounters:
 
     __slots__ = (
         "acks",
+        "fenced",
         "lost_on_close",
         "rejected",
         "requests",
@@ -131,7 +138,7 @@ class ProducerCounters:
 
     def __init__(self) -> None:
         self.resent = self.requests = self.resend_requests = 0
-        self.acks = self.rejected = self.stored = self.lost_on_close = 0
+        self.acks = self.rejected = self.stored = self.lost_on_close = self.fenced = 0
 
     def statistics(self, sent: int, stuck: StuckCheck, refused_payloads: int) -> ProducerStats:
         """The counters with ``sent``, ``stuck``'s gauge and the payload gate's count, as
@@ -148,6 +155,7 @@ class ProducerCounters:
             stuck_reports=stuck.reports,
             lost_on_close=self.lost_on_close,
             refused_payloads=refused_payloads,
+            fenced=self.fenced,
         )
 
 

@@ -154,9 +154,15 @@ class AsyncConsumer:
     delivered again after the backoff and, after ``max_attempts``, written there (on the
     loop's thread) before the stream moves on.
 
+    ``epoch`` is the fencing epoch of this activation, as for `Consumer`: once a producer
+    serves a newer one, every call (``receive``, ``confirm``, iteration) raises
+    `ConsumerFenced`.
+
     Raises:
         RuntimeError: created outside a running event loop.
         DedupStoreError: the deduplication store could not be loaded.
+        ConsumerFenced: the deduplication store holds a newer epoch already.
+        TypeError, ValueError: ``epoch`` is not an int >= 0.
     """
 
     def __init__(
@@ -168,6 +174,7 @@ class AsyncConsumer:
         self_ref_factory: Callable[[Ref], Ref] | None = None,
         dedup_store: DedupStore | None = None,
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
+        epoch: int = 0,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = get_ident()
@@ -191,6 +198,7 @@ class AsyncConsumer:
             dedup_store=dedup_store,
             dead_letters=dead_letters,
             on_end=self._wake_reader,
+            epoch=epoch,
         )
         self._next_ready = self._session.poll  # bound once: it runs once per message
         self._session.start()

@@ -137,12 +137,21 @@ class Consumer:
         registry: where to register; default: the process-wide `default_registry()`;
             across processes a `CoordinatorServiceRegistry` (then expose the consumer
             with ``self_ref_factory=node.expose(name)``).
+        epoch: the fencing epoch of this activation, from a coordinator (0, the default:
+            none). It goes with the registration, Requests and Acks; a producer that
+            serves a newer epoch answers `Fenced`, after which nothing more is delivered
+            or confirmed and every call (``receive``, ``confirm``, iteration) raises
+            `ConsumerFenced`. Above 0, a ``dedup_store`` with a ``fence`` method is
+            fenced with it here, before its positions are loaded; a write it refuses
+            later fences the consumer the same way.
 
     Connect it with `register_to` (or let a producer call ``register_consumer(consumer.ref)``).
     Retries on silence are sent while the application waits in `receive`.
 
     Raises:
         DedupStoreError: the deduplication store could not be loaded.
+        ConsumerFenced: the deduplication store holds a newer epoch already.
+        TypeError, ValueError: ``epoch`` is not an int >= 0.
         ValueError: an empty ``service_key``.
         Exception: what ``registry.register`` raised (the consumer is closed then), e.g.
             `TypeError` from a `CoordinatorServiceRegistry` for a consumer not exposed on
@@ -160,6 +169,7 @@ class Consumer:
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
         service_key: str | None = None,
         registry: ServiceRegistry | None = None,
+        epoch: int = 0,
     ) -> None:
         if service_key is not None and (not isinstance(service_key, str) or not service_key):
             msg = f"service_key must be a non-empty str or None, got {service_key!r}"
@@ -186,6 +196,7 @@ class Consumer:
             dedup_store=dedup_store,
             dead_letters=dead_letters,
             on_end=self._arrived.notify_all,  # called with the lock held
+            epoch=epoch,
         )
         confirm_to._session = self._session
         self._dedup_store = dedup_store

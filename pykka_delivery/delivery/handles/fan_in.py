@@ -60,13 +60,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pykka_delivery._fields import check_field_types
+from pykka_delivery.delivery.core.consumer_control import check_epoch
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.registry import ServiceRegistry, default_registry
 from pykka_delivery.delivery.stores.dedup import DedupStore
 from pykka_delivery.delivery.timers import TimerService
-from pykka_delivery.errors import DeliveryError, DeliveryTimeout
+from pykka_delivery.errors import ConsumerFenced, DeliveryError, DeliveryTimeout
 from pykka_delivery.protocol.messages import PeerLinkChanged, Ref, SequencedMessage
 from pykka_delivery.protocol.serialization import Serialization
 from pykka_delivery.retry import Backoff, Delays
@@ -261,6 +262,10 @@ class FanInConsumer:
             deregisters it first. None (the default): no registration.
         registry: where to register; default `default_registry()`.
         name: names the threads and the log lines.
+        epoch: the fencing epoch of this activation (0, the default: none), given to
+            every consumer it creates (see `Consumer`). A consumer that is fenced stops
+            as one whose store failed; one that cannot be created because the store
+            holds a newer epoch is not retried (logged as an error).
 
     Raises:
         ValueError: an empty ``service_key``.
@@ -279,7 +284,9 @@ class FanInConsumer:
         service_key: str | None = None,
         registry: ServiceRegistry | None = None,
         name: str = "fan-in",
+        epoch: int = 0,
     ) -> None:
+        check_epoch(epoch, "FanInConsumer")
         if service_key is not None and (not isinstance(service_key, str) or not service_key):
             msg = f"service_key must be a non-empty str or None, got {service_key!r}"
             raise ValueError(msg)
@@ -289,6 +296,7 @@ class FanInConsumer:
         self._serialization = serialization
         self._timer_service = timer_service
         self._dedup_store = dedup_store
+        self._epoch = epoch
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._routes: dict[str, _Route] = {}
@@ -492,7 +500,7 @@ class FanInConsumer:
     def _create(self, route: _Route) -> Consumer | None:
         """Create the producer's consumer (retried with backoff while it fails, say a
         deduplication store that cannot load), then hand it what arrived meanwhile.
-        None if the fan-in closed first."""
+        None if the fan-in closed first, or the consumer is fenced."""
         delays = self._retry_delays()
         captured: list[_Inbox] = []
 
@@ -509,8 +517,12 @@ class FanInConsumer:
                     timer_service=self._timer_service,
                     self_ref_factory=capture,
                     dedup_store=self._dedup_store,
+                    epoch=self._epoch,
                 )
                 break
+            except ConsumerFenced as error:  # a newer activation took over: trying won't help
+                logger.error("%r: producer %r: %s", self, route.producer_id, error)
+                return None
             except DeliveryError as error:
                 with self._lock:
                     self._failures += 1

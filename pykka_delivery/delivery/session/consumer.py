@@ -25,6 +25,9 @@ They differ only in how they wait; everything else is here, with no waiting and 
   the session at once and drops the outbox, so nothing unflushed or unwritten reaches the
   producer side (which keeps those messages for the next consumer). The error is raised
   to the call that met it and named by every `ClosedError` after.
+* Fencing is the same rule: a `Fenced` of a newer epoch from the producer side, or a
+  `ConsumerFenced` from the deduplication store, closes the session at once (nothing more
+  is delivered or confirmed), and every call after raises `ConsumerFenced`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NoReturn
 
 from pykka_delivery.delivery.core.consumer import ConsumerCore, ConsumerSnapshot, ConsumerStats
+from pykka_delivery.delivery.core.consumer_control import check_epoch
 from pykka_delivery.delivery.core.effects import (
     CancelTimer,
     Effect,
@@ -59,8 +63,15 @@ from pykka_delivery.delivery.stores.dead_letters import (
 )
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError, DedupWriter
 from pykka_delivery.delivery.timers import TimerFired, Timers
-from pykka_delivery.errors import ClosedError, DeliveryTimeout, LocalProtocolError, WouldBlock
+from pykka_delivery.errors import (
+    ClosedError,
+    ConsumerFenced,
+    DeliveryTimeout,
+    LocalProtocolError,
+    WouldBlock,
+)
 from pykka_delivery.protocol.messages import (
+    Fenced,
     PeerLinkChanged,
     Ref,
     SequencedMessage,
@@ -112,10 +123,15 @@ class ConsumerSession:
             deliveries wait for `poll`. False (the actor): they go out, to the consumer
             the core is started with (`ConsumerStart`), like any other send.
         on_end: called when the session ends by itself: the core stopped (``Stop``:
-            `deliver_then_stop` done, the consumer gone) or a store failed. A handle
-            wakes its waiting reader; an actor stops.
+            `deliver_then_stop` done, the consumer gone, fenced) or a store failed. A
+            handle wakes its waiting reader; an actor stops.
+        epoch: the fencing epoch of this activation (0: none), see `ConsumerCore`. Above
+            0, a ``dedup_store`` with a ``fence`` method is fenced with it before its
+            positions are loaded.
 
     Raises:
+        TypeError, ValueError: ``epoch`` is not an int >= 0.
+        ConsumerFenced: the deduplication store holds a newer epoch already.
         DedupStoreError: the deduplication store could not be loaded.
         TypeError: ``dedup_store`` or ``dead_letters`` is not one.
         DeadLetterError: the dead-letter file cannot be opened.
@@ -155,9 +171,14 @@ class ConsumerSession:
         dead_letters: DeadLetterDestination | str | os.PathLike[str] | None = None,
         hand_out: bool = True,
         on_end: Callable[[], None] | None = None,
+        epoch: int = 0,
     ) -> None:
         settings = settings or ConsumerControllerSettings()
+        check_epoch(epoch, name)
         self._dedup = None if dedup_store is None else DedupWriter(dedup_store, settings)
+        fence = getattr(dedup_store, "fence", None) if epoch else None
+        if fence is not None:  # a user's own store may have none
+            fence(epoch)
         positions = None if self._dedup is None else self._dedup.load()
         self._dead_letters, self._owns_dead_letters = dead_letter_destination(dead_letters)
         self.core = ConsumerCore(
@@ -168,6 +189,7 @@ class ConsumerSession:
             new_confirm_to,
             dedup_positions=positions,
             default_window=HANDLE_FLOW_CONTROL_WINDOW if hand_out else ACTOR_FLOW_CONTROL_WINDOW,
+            epoch=epoch,
         )
         self.inbox: deque[Any] = deque() if inbox is None else inbox
         # A deque's append and extend are atomic: any thread may call them.
@@ -181,7 +203,7 @@ class ConsumerSession:
         self.outstanding: Delivery | None = None
         self.outbox: list[tuple[Ref, Any]] = []
         self.closed = False
-        self._failure: DedupStoreError | DeadLetterError | None = None
+        self._failure: DedupStoreError | DeadLetterError | ConsumerFenced | None = None
 
     def start(self) -> None:
         """Start the core's retry timer and, when handing deliveries out, register as
@@ -225,6 +247,8 @@ class ConsumerSession:
                     self.outstanding = delivery
                     return delivery
             self._feed(head)
+            if self.closed:  # fenced
+                self.check_open()
         if not ready:
             return None
         delivery = ready.popleft()
@@ -371,10 +395,12 @@ class ConsumerSession:
 
     def check_open(self) -> None:
         """Raises `ClosedError` once the session is closed, naming the failure that
-        closed it, if one did."""
+        closed it, if one did; `ConsumerFenced` once it was fenced."""
         if not self.closed:
             return
         failure = self._failure
+        if isinstance(failure, ConsumerFenced):
+            raise ConsumerFenced(str(failure), failure.epoch, failure.newer_epoch)
         if isinstance(failure, DeadLetterError):
             msg = f"Consumer was closed because a dead letter could not be written: {failure}"
             raise ClosedError(msg) from failure
@@ -431,6 +457,11 @@ class ConsumerSession:
                 self._run(core.on_timer(message.key))
         elif type(message) is PeerLinkChanged:
             self._run(core.on_peer_link_changed(message))
+        elif type(message) is Fenced:
+            core.on_fenced(message)
+            error = core.fenced_error()
+            if error is not None and not self.closed:
+                self._fail(error)
         elif type(message) is SequencedRun:
             for sequenced in message.expand():
                 self._run(core.on_sequenced(sequenced))
@@ -470,12 +501,17 @@ class ConsumerSession:
     def _dedup_call(self, call: Callable[..., None], *args: Any) -> None:
         try:
             call(*args)
-        except DedupStoreError as error:
+        except (DedupStoreError, ConsumerFenced) as error:
+            fenced = error.__cause__  # the writer gives up on a store's ConsumerFenced at once
+            if isinstance(fenced, ConsumerFenced):
+                self._fail(fenced)
+                raise fenced from None
             self._fail(error)
             raise
 
-    def _fail(self, error: DedupStoreError | DeadLetterError) -> None:
-        """A store failed: close at once, dropping the outbox."""
+    def _fail(self, error: DedupStoreError | DeadLetterError | ConsumerFenced) -> None:
+        """A store failed, or the consumer was fenced: close at once, dropping the
+        outbox."""
         self.closed = True
         self._failure = error
         self.outbox = []

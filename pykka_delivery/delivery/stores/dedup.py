@@ -26,7 +26,8 @@ What it guarantees, and what not:
   `SqliteTxDedupStore` (dedup_tx.py) keeps the positions in the application's database for
   that.
 
-Contract of every implementation (tests/delivery/stores/test_dedup.py holds both to it):
+Contract of every implementation (tests/delivery/stores/test_dedup.py and, for `fence`,
+test_dedup_fencing.py hold each store to it; the shared parts: dedup_base.py):
 
 * `load` returns the positions (producer id -> seq_nr) of this consumer: what was
   flushed, with what this store object recorded since (a store opened after a crash
@@ -37,6 +38,15 @@ Contract of every implementation (tests/delivery/stores/test_dedup.py holds both
   `DedupStoreError` and keeps them buffered, so calling it again retries.
 * `close` flushes and releases the store; calls afterwards raise `ClosedError`.
 * A failing call raises `DedupStoreError` naming the store, the cause and the fix.
+* Optionally, `fence(epoch)`: "this store now writes for activation ``epoch`` of its
+  consumer" (the fencing epoch a coordinator gives each activation). It raises
+  `ConsumerFenced` if a higher epoch is stored already, else stores ``epoch`` durably;
+  from then on every write of this store object checks, in the transaction that writes,
+  that no higher epoch was stored since (by the store object of a newer activation), and
+  if one was, writes nothing and raises `ConsumerFenced`. So the late writes of a
+  consumer that was replaced while it was paused (a GC pause, SIGSTOP, a partition) are
+  refused where they land. A store never fenced checks nothing (as before fencing). The
+  consumer calls it only if the store has it (a store of one's own may not).
 
 Who owns what: the application creates the store and closes it; a consumer controller or
 handle given one loads it when created, records and flushes, and flushes when it stops,
@@ -51,16 +61,24 @@ import os
 import sqlite3
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
-from pykka_delivery.errors import ClosedError, DeliveryError
+from pykka_delivery.delivery.stores.dedup_base import (
+    BufferedDedupStore,
+    DedupStore,
+    DedupStoreError,
+    _check_position,
+    check_epoch,
+    check_flush_every,
+    fenced,
+)
+from pykka_delivery.errors import ClosedError, ConsumerFenced
 from pykka_delivery.protocol.messages import Ack, Request
 from pykka_delivery.retry import Backoff, call_with_retries
 
@@ -79,151 +97,6 @@ logger = logging.getLogger("pykka_delivery.consumer")
 _T = TypeVar("_T")
 
 
-class DedupStoreError(DeliveryError):
-    """A deduplication store could not load, record or flush; the message says what, why
-    and what to do."""
-
-
-@runtime_checkable
-class DedupStore(Protocol):
-    """Where a consumer keeps the highest confirmed seq_nr per producer id (module
-    docstring: the contract)."""
-
-    def load(self) -> dict[str, int]:
-        """The positions: producer id -> highest confirmed seq_nr."""
-        ...
-
-    def record(self, producer_id: str, seq_nr: int) -> None:
-        """Set ``producer_id``'s position to ``seq_nr`` (may be buffered until `flush`)."""
-        ...
-
-    def flush(self) -> None:
-        """Make every recorded position durable (all or none)."""
-        ...
-
-    def close(self) -> None:
-        """Flush, then release the store."""
-        ...
-
-
-def _check_position(producer_id: str, seq_nr: int) -> None:
-    if type(seq_nr) is not int or seq_nr < 0:
-        msg = f"seq_nr of producer {producer_id!r} must be an int >= 0, got {seq_nr!r}"
-        raise ValueError(msg)
-
-
-def check_consumer_id(consumer_id: str) -> None:
-    """Raise `ValueError` unless ``consumer_id`` is a non-empty str."""
-    if not isinstance(consumer_id, str) or not consumer_id:
-        msg = f"consumer_id must be a non-empty string, got {consumer_id!r}"
-        raise ValueError(msg)
-
-
-def check_flush_every(flush_every: int) -> None:
-    """Raise `ValueError` unless ``flush_every`` is an int >= 0 (a setting of the stores
-    writing behind)."""
-    if type(flush_every) is not int or flush_every < 0:
-        msg = (
-            f"flush_every must be 0 (flush only on flush()) or a number of records "
-            f">= 1, got {flush_every!r}"
-        )
-        raise ValueError(msg)
-
-
-class BufferedDedupStore(ABC):
-    """What the SQLite and PostgreSQL dedup stores share: the positions of one consumer id,
-    buffered by `record` and written all at once by `flush` (or every ``flush_every``
-    records), read back by `load` with the buffered ones on top.
-
-    A subclass gives its connection (`_connection`, raising `ClosedError` once closed),
-    reads and writes the positions with it (`_select`, `_upsert`), releases it
-    (`_release`), and names its database's error class (``_db_error``) and its messages
-    (`_error`).
-    """
-
-    _db_error: type[Exception]
-
-    def __init__(self, consumer_id: str, flush_every: int) -> None:
-        check_consumer_id(consumer_id)
-        self.consumer_id = consumer_id
-        self._lock = threading.Lock()
-        self._pending: dict[str, int] = {}
-        self._since_flush = 0
-        self._flush_every = flush_every
-        self._closed = False
-
-    def load(self) -> dict[str, int]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                positions = self._select(conn)
-            except self._db_error as error:
-                raise self._error("cannot load positions", error) from error
-            positions.update(self._pending)
-            return positions
-
-    def record(self, producer_id: str, seq_nr: int) -> None:
-        # Called once per confirmation: kept short.
-        if seq_nr.__class__ is not int or seq_nr < 0:
-            _check_position(producer_id, seq_nr)
-        with self._lock:
-            if self._closed:
-                self._connection()  # raises
-            self._pending[producer_id] = seq_nr
-            if self._flush_every:
-                self._since_flush += 1
-                if self._since_flush >= self._flush_every:
-                    self._flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def close(self) -> None:
-        """Flush, then release the store and the consumer id. If the flush fails, the
-        store stays open (close again to retry) and `DedupStoreError` is raised."""
-        with self._lock:
-            if self._closed:
-                return
-            self._flush()
-            self._release()
-
-    def _flush(self) -> None:
-        conn = self._connection()
-        pending = self._pending
-        if not pending:
-            return
-        try:
-            self._upsert(conn, pending)  # one transaction: all or none
-        except self._db_error as error:
-            raise self._error(
-                f"cannot write {len(pending)} position(s) (kept, retried at the next flush)",
-                error,
-            ) from error
-        pending.clear()
-        self._since_flush = 0
-
-    @abstractmethod
-    def _connection(self) -> Any:
-        """The open connection; `ClosedError` once closed."""
-
-    @abstractmethod
-    def _select(self, conn: Any) -> dict[str, int]:
-        """The stored positions of this consumer id."""
-
-    @abstractmethod
-    def _upsert(self, conn: Any, pending: dict[str, int]) -> None:
-        """Write ``pending`` in one transaction."""
-
-    @abstractmethod
-    def _release(self) -> None:
-        """Mark the store closed (``_closed``), release its connection and consumer id."""
-
-    @abstractmethod
-    def _error(self, doing: str, error: Any) -> DedupStoreError:
-        """The error for ``error`` raised while ``doing``, naming the store and the fix."""
-
-
 # --- in memory ---------------------------------------------------------------------------
 
 
@@ -231,10 +104,14 @@ class MemoryDedupStore:
     """A `DedupStore` in memory, with write-behind and failure injection, for tests.
 
     ``positions`` is what a flush made durable, ``pending`` what is recorded but not
-    flushed yet: ``MemoryDedupStore(old.positions)`` stands for the store after a crash.
+    flushed yet: ``MemoryDedupStore(old.positions, epoch=old.epoch)`` stands for the store
+    after a crash.
 
     Args:
         positions: the durable positions to start from.
+        epoch: the durable fencing epoch to start from (attribute ``epoch``: the highest
+            one `fence` stored; a test sets it higher to stand for the fence of a newer
+            activation through another store object).
         fail_when: asked ``fail_when(op, arg)`` before each call, ``op`` one of
             ``"load"`` (arg None), ``"record"`` (arg ``(producer_id, seq_nr)``) and
             ``"flush"`` (arg: the pending positions); True makes the call raise
@@ -251,9 +128,13 @@ class MemoryDedupStore:
         self,
         positions: Mapping[str, int] | None = None,
         *,
+        epoch: int = 0,
         fail_when: Callable[[str, object], bool] | None = None,
     ) -> None:
+        check_epoch(epoch)
         self.positions: dict[str, int] = dict(positions or {})
+        self.epoch = epoch
+        self._fenced_at: int | None = None
         self.pending: dict[str, int] = {}
         self._fail_when = fail_when
         self._lock = threading.Lock()
@@ -285,23 +166,38 @@ class MemoryDedupStore:
             self._enter("record", (producer_id, seq_nr))
             self.pending[producer_id] = seq_nr
 
+    def fence(self, epoch: int) -> None:
+        check_epoch(epoch)
+        with self._lock:
+            if self._closed:
+                self._enter("fence", None)  # raises
+            if self.epoch > epoch:
+                raise fenced(self, None, epoch, self.epoch)
+            self.epoch = self._fenced_at = epoch
+
     def flush(self) -> None:
         with self._lock:
             self._enter("flush", dict(self.pending))
+            if self._fenced_at is not None and self.epoch > self._fenced_at:
+                raise fenced(self, None, self._fenced_at, self.epoch)
             self.positions.update(self.pending)
             self.pending.clear()
 
     def close(self) -> None:
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+        except ConsumerFenced:
+            self._closed = True
+            raise
         self._closed = True
 
 
 # --- SQLite ----------------------------------------------------------------------------
 
 SCHEMA_COMPONENT = "dedup_store"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: dedup_fence (fencing epochs; version 1 files get it on opening)
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL")
 
 # Versions live in the table the durable producer queue uses too (one row per component),
@@ -317,12 +213,28 @@ CREATE TABLE IF NOT EXISTS dedup_position (
     seq_nr INTEGER NOT NULL,
     PRIMARY KEY (consumer_id, producer_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup_fence (
+    consumer_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 _UPSERT = (
     "INSERT INTO dedup_position (consumer_id, producer_id, seq_nr) VALUES (?, ?, ?) "
     "ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = excluded.seq_nr"
 )
+# A fenced store's write: nothing if a higher epoch than its own (the last ?) is stored.
+_UPSERT_FENCED = (
+    "INSERT INTO dedup_position (consumer_id, producer_id, seq_nr) SELECT ?, ?, ? "
+    "WHERE coalesce((SELECT epoch FROM dedup_fence WHERE consumer_id = ?), 0) <= ? "
+    "ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = excluded.seq_nr"
+)
+_FENCE = (
+    "INSERT INTO dedup_fence (consumer_id, epoch) VALUES (?, ?) "
+    "ON CONFLICT (consumer_id) DO UPDATE SET epoch = excluded.epoch "
+    "WHERE excluded.epoch > dedup_fence.epoch"
+)
+_EPOCH = "SELECT coalesce(max(epoch), 0) FROM dedup_fence WHERE consumer_id = ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +278,8 @@ class SqliteDedupStore(BufferedDedupStore):
 
     One file may hold the positions of many consumers, keyed by ``consumer_id``: one file
     per consumer, or one per node, both work. Each consumer id has one writer at a time
-    (an OS lock on a file beside the database, released when its process dies).
+    (an OS lock on a file beside the database, released when its process dies), until it
+    is fenced: then its epoch keeps older writers out, and the lock is let go.
 
     Args:
         path: the database file, or ``":memory:"`` (nothing durable, for tests).
@@ -473,11 +386,29 @@ class SqliteDedupStore(BufferedDedupStore):
         ).fetchall()
         return {producer_id: seq_nr for producer_id, seq_nr in rows}
 
-    def _upsert(self, conn: sqlite3.Connection, pending: dict[str, int]) -> None:
+    def _upsert(self, conn: sqlite3.Connection, pending: dict[str, int], epoch: int | None) -> int:
         consumer_id = self.consumer_id
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(_UPSERT, [(consumer_id, p, s) for p, s in pending.items()])
+            if epoch is None:
+                conn.executemany(_UPSERT, [(consumer_id, p, s) for p, s in pending.items()])
+                return 0
+            rows = [(consumer_id, p, s, consumer_id, epoch) for p, s in pending.items()]
+            if conn.executemany(_UPSERT_FENCED, rows).rowcount > 0:
+                return 0
+            newer: int = conn.execute(_EPOCH, (consumer_id,)).fetchone()[0]
+            return newer
+
+    def _store_epoch(self, conn: sqlite3.Connection, epoch: int) -> int:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_FENCE, (self.consumer_id, epoch))
+            stored: int = conn.execute(_EPOCH, (self.consumer_id,)).fetchone()[0]
+            return stored
+
+    def _unlock(self, conn: sqlite3.Connection) -> None:
+        if self._file_lock is not None:
+            self._file_lock.release()
 
     def _release(self) -> None:
         self._closed = True

@@ -10,6 +10,14 @@ One writer per consumer id: the store holds a session advisory lock named after 
 consumer id on its connection for its life; the server releases it when that connection
 dies (a SIGKILLed process), so the consumer that replaces it opens the store at once. If
 the store loses its connection, it takes a new one and the lock again before writing.
+
+Fencing (`fence`, dedup.py): the epoch is a row of ``dedup_fence`` per consumer id. A
+fenced store's write reads it ``FOR SHARE`` in the statement that writes the positions
+and writes nothing if it is higher than its own; a `fence` of a newer store waits for
+such a write in flight, so once it returned no write of an older epoch commits. Once
+fenced, a store lets go of the advisory lock (the epoch keeps older writers out): the
+store of a newer activation opens at once, even while a cut-off process's session, and
+its lock, lingers on the server.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 from pykka_delivery import _postgres
 from pykka_delivery._fields import check_field_types
 from pykka_delivery._sqlite import check_seconds
-from pykka_delivery.delivery.stores.dedup import (
+from pykka_delivery.delivery.stores.dedup_base import (
     BufferedDedupStore,
     DedupStoreError,
     check_flush_every,
@@ -30,7 +38,7 @@ from pykka_delivery.errors import ClosedError
 __all__ = ["PostgresDedupSettings", "PostgresDedupStore"]
 
 SCHEMA_COMPONENT = "dedup_store"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: dedup_fence (fencing epochs; version 1 gets it on opening)
 LOCK_NAMESPACE = "pykka_delivery.dedup_store"
 
 SCHEMA = """
@@ -39,6 +47,10 @@ CREATE TABLE IF NOT EXISTS dedup_position (
     producer_id TEXT NOT NULL,
     seq_nr BIGINT NOT NULL,
     PRIMARY KEY (consumer_id, producer_id)
+);
+CREATE TABLE IF NOT EXISTS dedup_fence (
+    consumer_id TEXT PRIMARY KEY,
+    epoch BIGINT NOT NULL
 )
 """
 
@@ -47,6 +59,20 @@ _UPSERT = (
     " SELECT %s, * FROM unnest(%s::text[], %s::bigint[])"
     " ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = EXCLUDED.seq_nr"
 )
+# A fenced store's write: nothing if a higher epoch than its own (the last %s) is stored.
+_UPSERT_FENCED = (
+    "WITH fence AS (SELECT epoch FROM dedup_fence WHERE consumer_id = %s FOR SHARE)"
+    " INSERT INTO dedup_position (consumer_id, producer_id, seq_nr)"
+    " SELECT %s, * FROM unnest(%s::text[], %s::bigint[])"
+    " WHERE coalesce((SELECT epoch FROM fence), 0) <= %s"
+    " ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = EXCLUDED.seq_nr"
+)
+_FENCE = (
+    "INSERT INTO dedup_fence (consumer_id, epoch) VALUES (%s, %s)"
+    " ON CONFLICT (consumer_id) DO UPDATE SET epoch = EXCLUDED.epoch"
+    " WHERE dedup_fence.epoch < EXCLUDED.epoch"
+)
+_EPOCH = "SELECT coalesce(max(epoch), 0) FROM dedup_fence WHERE consumer_id = %s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +190,32 @@ class PostgresDedupStore(BufferedDedupStore):
         ).fetchall()
         return {producer_id: seq_nr for producer_id, seq_nr in rows}
 
-    def _upsert(self, conn: _postgres.Connection, pending: dict[str, int]) -> None:
+    def _upsert(
+        self, conn: _postgres.Connection, pending: dict[str, int], epoch: int | None
+    ) -> int:
+        consumer_id = self.consumer_id
         with conn.transaction():
-            conn.execute(_UPSERT, (self.consumer_id, list(pending), list(pending.values())))
+            if epoch is None:
+                conn.execute(_UPSERT, (consumer_id, list(pending), list(pending.values())))
+                return 0
+            args = (consumer_id, consumer_id, list(pending), list(pending.values()), epoch)
+            if conn.execute(_UPSERT_FENCED, args).rowcount > 0:
+                return 0
+            return self._stored_epoch(conn)
+
+    def _store_epoch(self, conn: _postgres.Connection, epoch: int) -> int:
+        with conn.transaction():
+            conn.execute(_FENCE, (self.consumer_id, epoch))
+            return self._stored_epoch(conn)
+
+    def _stored_epoch(self, conn: _postgres.Connection) -> int:
+        row = conn.execute(_EPOCH, (self.consumer_id,)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def _unlock(self, conn: _postgres.Connection) -> None:
+        key, self._session.key = self._session.key, None  # a new session takes none
+        if key is not None:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def _release(self) -> None:
         self._closed = True

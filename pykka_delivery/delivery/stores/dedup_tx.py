@@ -25,6 +25,13 @@ consumer that was replaced while it still handled a message (a hand-over, a paus
 process) cannot apply it a second time after its successor did. This holds whatever the
 timing, since the check and the effect commit in one transaction.
 
+Fencing by epoch (`fence`, dedup.py) goes further: once the store of a newer activation
+of the consumer id was fenced, every transaction of an older fenced store raises
+`ConsumerFenced` where it writes its position, so `transaction` rolls the effect back
+with it, whatever message it was (not only one the newer consumer applied already). The
+epoch is a row per consumer id (``pykka_delivery_dedup_fence``) read by the statement
+that writes the position; a store never fenced does not read it.
+
 Confirmations the application did not record (``confirm()`` without `transaction` or
 `record_in`, or a message sent to the dead letters) are written by the store in a
 transaction of its own when the consumer records them (write-through, with a warning the
@@ -46,10 +53,12 @@ from typing import Any, Protocol
 
 from pykka_delivery import _sqlite
 from pykka_delivery._fields import check_field_types
-from pykka_delivery.delivery.stores.dedup import (
+from pykka_delivery.delivery.stores.dedup_base import (
     DedupStoreError,
     _check_position,
     check_consumer_id,
+    check_epoch,
+    fenced,
 )
 from pykka_delivery.errors import ClosedError, DeliveryError
 
@@ -62,6 +71,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pykka_delivery.consumer")
+
+# What `_write_rising` returns besides a newer epoch: written, or at or above it already.
+WRITTEN = 0
+APPLIED = -1
 
 
 class AlreadyApplied(DeliveryError):
@@ -105,6 +118,25 @@ class TxDedupStore(ABC):
         # the consumer's `record` of them then writes nothing.
         self._written: dict[str, int] = {}
         self._inside = threading.local()  # in a `transaction` body on this thread
+        self._epoch: int | None = None  # None: never fenced, the writes check nothing
+
+    def fence(self, epoch: int) -> None:
+        """This store now writes for activation ``epoch`` of its consumer id: from now
+        on a position written (in the application's transaction or the store's own) once
+        a higher epoch was stored raises `ConsumerFenced` instead (dedup.py).
+
+        Raises:
+            ConsumerFenced: a higher epoch is stored (nothing changed).
+            DedupStoreError: the epoch could not be stored.
+            ValueError: ``epoch`` is not an int >= 0.
+        """
+        check_epoch(epoch)
+        with self._lock:
+            self._check_open()
+            stored = self._store_epoch(epoch)
+            if stored > epoch:
+                raise fenced(self, self.consumer_id, epoch, stored)
+            self._epoch = epoch
 
     # --- the application's side ---------------------------------------------------------
 
@@ -152,6 +184,8 @@ class TxDedupStore(ABC):
         Raises:
             AlreadyApplied: the position is recorded already (the effect was applied
                 before): roll the transaction back, then confirm the delivery.
+            ConsumerFenced: the store was fenced and a newer activation's epoch is
+                stored: roll the transaction back and stop the consumer.
             DedupStoreError: the position could not be written.
         """
         producer_id, seq_nr = delivery.producer_id, delivery.seq_nr
@@ -159,7 +193,10 @@ class TxDedupStore(ABC):
             msg = f"seq_nr of producer {producer_id!r} must be an int >= 1, got {seq_nr!r}"
             raise ValueError(msg)
         self._written[producer_id] = seq_nr
-        if not self._write_rising(conn, producer_id, seq_nr):
+        outcome = self._write_rising(conn, producer_id, seq_nr, self._epoch)
+        if outcome:
+            if outcome > 0:
+                raise fenced(self, self.consumer_id, self._epoch or 0, outcome)
             raise AlreadyApplied(
                 f"seq_nr {seq_nr} of producer {producer_id!r} was applied before by consumer "
                 f"{self.consumer_id!r}: roll the transaction back and confirm the delivery"
@@ -201,7 +238,9 @@ class TxDedupStore(ABC):
             )
         with self._lock:
             self._check_open()
-            self._write_own(producer_id, seq_nr)
+            newer = self._write_own(producer_id, seq_nr, self._epoch)
+        if newer:
+            raise fenced(self, self.consumer_id, self._epoch or 0, newer)
         self._written[producer_id] = seq_nr
 
     def flush(self) -> None:
@@ -236,17 +275,25 @@ class TxDedupStore(ABC):
         """Roll ``conn``'s transaction back."""
 
     @abstractmethod
-    def _write_rising(self, conn: Any, producer_id: str, seq_nr: int) -> bool:
-        """In ``conn``'s transaction: set the position if ``seq_nr`` is above it; False
-        if it is not."""
+    def _write_rising(self, conn: Any, producer_id: str, seq_nr: int, epoch: int | None) -> int:
+        """In ``conn``'s transaction: set the position if ``seq_nr`` is above it
+        (`WRITTEN`), `APPLIED` if it is not; unless ``epoch`` is not None and a higher one
+        is stored: then write nothing and return that one."""
 
     @abstractmethod
     def _select(self) -> dict[str, int]:
         """The positions, read on the store's own connection."""
 
     @abstractmethod
-    def _write_own(self, producer_id: str, seq_nr: int) -> None:
-        """Set the position in a transaction of the store's own (rising; 0 forgets it)."""
+    def _write_own(self, producer_id: str, seq_nr: int, epoch: int | None) -> int:
+        """Set the position in a transaction of the store's own (rising; 0 forgets it) and
+        return 0; unless ``epoch`` is not None and a higher one is stored: then write
+        nothing and return that one."""
+
+    @abstractmethod
+    def _store_epoch(self, epoch: int) -> int:
+        """In a transaction of the store's own: store ``epoch`` unless a higher one is
+        stored; return the stored one."""
 
     @abstractmethod
     def _close_own(self) -> None:
@@ -256,8 +303,9 @@ class TxDedupStore(ABC):
 # --- SQLite --------------------------------------------------------------------------------
 
 SCHEMA_COMPONENT = "dedup_tx"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the fence table (fencing epochs; version 1 gets it on opening)
 _TABLE = "pykka_delivery_dedup_position"
+_FENCES = "pykka_delivery_dedup_fence"
 _VERSIONS = "pykka_delivery_schema_version"
 
 # Prefixed: these tables live in the application's own database, beside its tables.
@@ -272,6 +320,10 @@ CREATE TABLE IF NOT EXISTS {_TABLE} (
     seq_nr INTEGER NOT NULL,
     PRIMARY KEY (consumer_id, producer_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS {_FENCES} (
+    consumer_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 _RISING = (
@@ -283,6 +335,19 @@ _RESET = (
     f"INSERT INTO {_TABLE} (consumer_id, producer_id, seq_nr) VALUES (?, ?, 0) "
     f"ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = 0"
 )
+# A fenced store's write: nothing if a higher epoch than its own (the last ?) is stored.
+_RISING_FENCED = (
+    f"INSERT INTO {_TABLE} (consumer_id, producer_id, seq_nr) SELECT ?, ?, ? "
+    f"WHERE coalesce((SELECT epoch FROM {_FENCES} WHERE consumer_id = ?), 0) <= ? "
+    f"ON CONFLICT (consumer_id, producer_id) DO UPDATE SET seq_nr = excluded.seq_nr "
+    f"WHERE excluded.seq_nr > {_TABLE}.seq_nr"
+)
+_FENCE = (
+    f"INSERT INTO {_FENCES} (consumer_id, epoch) VALUES (?, ?) "
+    f"ON CONFLICT (consumer_id) DO UPDATE SET epoch = excluded.epoch "
+    f"WHERE excluded.epoch > {_FENCES}.epoch"
+)
+_EPOCH = f"SELECT coalesce(max(epoch), 0) FROM {_FENCES} WHERE consumer_id = ?"
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL")
 
 
@@ -413,11 +478,21 @@ class SqliteTxDedupStore(TxDedupStore):
         with contextlib.suppress(sqlite3.Error):  # a failed commit may have ended it
             conn.rollback()
 
-    def _write_rising(self, conn: sqlite3.Connection, producer_id: str, seq_nr: int) -> bool:
+    def _write_rising(
+        self, conn: sqlite3.Connection, producer_id: str, seq_nr: int, epoch: int | None
+    ) -> int:
+        consumer_id = self.consumer_id
         try:
-            return conn.execute(_RISING, (self.consumer_id, producer_id, seq_nr)).rowcount > 0
+            if epoch is None:
+                written = conn.execute(_RISING, (consumer_id, producer_id, seq_nr)).rowcount
+                return WRITTEN if written > 0 else APPLIED
+            args = (consumer_id, producer_id, seq_nr, consumer_id, epoch)
+            if conn.execute(_RISING_FENCED, args).rowcount > 0:
+                return WRITTEN
+            newer: int = conn.execute(_EPOCH, (consumer_id,)).fetchone()[0]
         except sqlite3.Error as error:
             raise self._error("cannot write a position", error) from error
+        return newer if newer > epoch else APPLIED
 
     def _select(self) -> dict[str, int]:
         try:
@@ -429,17 +504,39 @@ class SqliteTxDedupStore(TxDedupStore):
             raise self._error("cannot load positions", error) from error
         return dict(rows)
 
-    def _write_own(self, producer_id: str, seq_nr: int) -> None:
+    def _write_own(self, producer_id: str, seq_nr: int, epoch: int | None) -> int:
+        conn = self._conn
+        consumer_id = self.consumer_id
+        try:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                if epoch is None:
+                    if seq_nr:
+                        conn.execute(_RISING, (consumer_id, producer_id, seq_nr))
+                    else:
+                        conn.execute(_RESET, (consumer_id, producer_id))
+                    return 0
+                newer: int = conn.execute(_EPOCH, (consumer_id,)).fetchone()[0]
+                if newer > epoch:
+                    return newer
+                if seq_nr:
+                    conn.execute(_RISING, (consumer_id, producer_id, seq_nr))
+                else:
+                    conn.execute(_RESET, (consumer_id, producer_id))
+        except sqlite3.Error as error:
+            raise self._error("cannot write a position", error) from error
+        return 0
+
+    def _store_epoch(self, epoch: int) -> int:
         conn = self._conn
         try:
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
-                if seq_nr:
-                    conn.execute(_RISING, (self.consumer_id, producer_id, seq_nr))
-                else:
-                    conn.execute(_RESET, (self.consumer_id, producer_id))
+                conn.execute(_FENCE, (self.consumer_id, epoch))
+                stored: int = conn.execute(_EPOCH, (self.consumer_id,)).fetchone()[0]
         except sqlite3.Error as error:
-            raise self._error("cannot write a position", error) from error
+            raise self._error(f"cannot store fencing epoch {epoch}", error) from error
+        return stored
 
     def _close_own(self) -> None:
         self._conn.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 from pykka_delivery.delivery import ConsumerController, ConsumerControllerSettings
 from pykka_delivery.delivery.messages import Delivery
-from pykka_delivery.protocol.messages import Ack, Request, SequencedMessage
+from pykka_delivery.protocol.messages import Ack, Fenced, Request, SequencedMessage
 from tests.harness import ManualTimerService
 
 
@@ -68,3 +68,21 @@ def test_last_confirmed_of_a_stopping_consumer_is_acked_before_the_controller_st
         Request(1, 20, True, False),
         Ack(1),
     ]
+
+
+def test_a_controller_told_fenced_by_a_newer_epoch_stops_without_an_ack() -> None:
+    timers = ManualTimerService()
+    consumer, producer_controller = Recording(), Recording()
+    cc = ConsumerController.start(
+        ConsumerControllerSettings(flow_control_window=20),
+        timer_service=timers,  # type: ignore[arg-type]
+        epoch=1,
+    )
+    cc.tell(ConsumerController.Start(consumer))
+    cc.tell(SequencedMessage("p-1", 1, "msg-1", True, False, producer_controller))
+
+    cc.tell(Fenced(2, "p-1"))
+
+    cc.actor_stopped.wait(5)
+    assert cc.actor_stopped.is_set()
+    assert [type(m) for m in producer_controller.drain()] == [Request]  # no Ack on stopping

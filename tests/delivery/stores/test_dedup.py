@@ -378,6 +378,7 @@ class Stores:
         self.path = tmp_path / "dedup.db"
         self.url = url
         self._memory: dict[str, int] = {}
+        self._memory_epoch = 0
 
     @property
     def source(self) -> str:
@@ -386,7 +387,7 @@ class Stores:
 
     def open(self, consumer_id: str = "consumer-1") -> DedupStore:
         if self.kind == "memory":
-            return MemoryDedupStore(self._memory)
+            return MemoryDedupStore(self._memory, epoch=self._memory_epoch)
         # The transactional ones: positions the application did not record itself.
         if self.kind == "sqlite-tx":
             return SqliteTxDedupStore(self.path, consumer_id)
@@ -399,7 +400,7 @@ class Stores:
     def reopen(self, store: DedupStore) -> DedupStore:
         store.close()
         if isinstance(store, MemoryDedupStore):
-            self._memory = store.positions
+            self._memory, self._memory_epoch = store.positions, store.epoch
         return self.open()
 
 
