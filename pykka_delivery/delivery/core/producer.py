@@ -160,6 +160,7 @@ class ProducerCore(ProducerControl):
         "_chunk_size",
         "_handlers",
         "_start_seq_nr",
+        "_store_ahead",
         "replies",
         "serialization",
         "support_resend",
@@ -188,6 +189,10 @@ class ProducerCore(ProducerControl):
         self.settings = settings or ProducerControllerSettings()
         self.serialization = serialization or default_serialization
         self._chunk_size = self.settings.chunk_large_messages
+        # Only a handle's batches store ahead (an announcing owner sends one at a time).
+        self._store_ahead = (
+            0 if announce_demand or self._chunk_size else self.settings.durable_store_ahead
+        )
         # Chunks are serialized bytes already: what carries or stores them never encodes.
         self.gate = PayloadGate(
             f"producer {producer_id!r}",
@@ -278,8 +283,9 @@ class ProducerCore(ProducerControl):
 
     @property
     def all_confirmed(self) -> bool:
-        """True when the consumer side confirmed every message sent so far."""
-        return self.confirmed_seq_nr >= self.current_seq_nr - 1
+        """True when the consumer side confirmed every message sent so far, and none is
+        waiting to be sent (chunks, messages stored ahead)."""
+        return self.confirmed_seq_nr >= self.last_seq_nr
 
     def snapshot(self) -> ProducerSnapshot:
         return ProducerSnapshot.of(self)
@@ -360,8 +366,11 @@ class ProducerCore(ProducerControl):
     ) -> list[Effect]:
         """`on_msg` for several messages at once: takes from ``messages`` as many as the
         window allows now (one when chunking is on: its chunks must go first). In durable
-        mode one `StoreMessagesSent` stores them all before their sends. For an owner that
-        does not announce demand (a handle); the number taken shows in `last_seq_nr`.
+        mode one `StoreMessagesSent` stores them all before their sends, with up to
+        ``durable_store_ahead`` more, which wait in ``remaining_chunks`` and go out as
+        demand comes (no demand for new messages until they are all sent). For an owner
+        that does not announce demand (a handle); the number taken (sent or stored ahead)
+        shows in `last_seq_nr`.
         Their payloads are checked unless ``checked`` is the check in force (the caller
         applied it to them: ``gate.refuse``).
 
@@ -375,7 +384,10 @@ class ProducerCore(ProducerControl):
         if self._chunk_size:
             first = next(messages, _NOTHING)
             return [] if first is _NOTHING else self.on_msg(first)
-        batch = list(itertools.islice(messages, self.demand))
+        demand = self.demand
+        durable = self._durable
+        ahead = self._store_ahead if durable else 0
+        batch = list(itertools.islice(messages, demand + ahead))
         effects: list[Effect] = []
         if not batch:
             return effects
@@ -389,9 +401,12 @@ class ProducerCore(ProducerControl):
             )
             for i, m in enumerate(batch)
         ]
-        if self._durable:
+        if durable:
             effects.append(store_all_sent(seq_msgs, self._clock()))
             self._counts.stored += len(seq_msgs)
+            if len(seq_msgs) > demand:  # stored ahead: sent as demand comes (_send_chunks)
+                self.remaining_chunks.extend(seq_msgs[demand:])
+                del seq_msgs[demand:]
         last = seq_msgs[-1]
         for seq_msg in seq_msgs:
             self._send_new(seq_msg, effects, seq_msg is last)
@@ -513,11 +528,18 @@ class ProducerCore(ProducerControl):
         self.current_seq_nr = current + 1
 
     def _send_chunks(self, effects: list[Effect]) -> None:
+        """Send what is numbered but not sent yet as far as the window allows: the chunks
+        of a large message (each stored right before it is sent, when durable), or
+        messages `on_msg_batch` stored ahead (chunking off)."""
         remaining = self.remaining_chunks
         durable = self._durable
+        chunked = bool(self._chunk_size)
         while remaining and remaining[0].seq_nr <= self.requested_seq_nr:
             chunk = remaining.popleft()
-            if durable:  # each chunk is stored right before it is sent
+            if not chunked:  # stored ahead: complete messages, stored already
+                self._send_new(chunk, effects, not remaining)
+                continue
+            if durable:
                 self._store(chunk, effects)
                 reply_to = self.replies.pop(chunk.seq_nr, None)  # keyed by the last chunk
                 if reply_to is not None:

@@ -182,8 +182,8 @@ def no_demand_message(core: ProducerCore, *, active: bool) -> str:
         )
     if core.remaining_chunks:
         return (
-            f"{name} got a message while {len(core.remaining_chunks)} chunks of the previous "
-            "one are unsent: wait for RequestNext"
+            f"{name} got a message while {len(core.remaining_chunks)} numbered messages or "
+            "chunks are unsent: wait for RequestNext"
         )
     return (
         f"{name} got a message with no demand (requested up to seq_nr "

@@ -167,6 +167,14 @@ class ProducerControllerSettings:
             check runs every ``stuck_after / 4`` seconds, so a message is reported between
             ``stuck_after`` and ``1.25 * stuck_after`` after it was sent. 0 turns the check
             off. Default 60 s.
+        durable_store_ahead: with a durable queue, how many messages of a handle's
+            ``send_many`` beyond the consumer's current demand are numbered and stored in
+            the same write, then sent as demand comes (no further write for them). Fewer,
+            larger writes: on PostgreSQL a write's round trips and commit cost as much as
+            storing a few hundred rows. They are in the stream once stored, as every stored
+            message is: sent when demand comes, even if ``send_many`` timed out, and resent
+            after a restart. 0: store only what can be sent at once. Default 1 000; at most
+            1 000 000.
     """
 
     chunk_large_messages: int = 0
@@ -175,9 +183,15 @@ class ProducerControllerSettings:
     durable_queue_retry_backoff: float = 0.01
     durable_queue_retry_backoff_max: float = 1.0
     stuck_after: float = 60.0
+    durable_store_ahead: int = 1_000
 
     def __post_init__(self) -> None:
         check_field_types(self)
+        _require(
+            0 <= self.durable_store_ahead <= 1_000_000,
+            f"durable_store_ahead must be from 0 (off) to 1000000 messages, "
+            f"got {self.durable_store_ahead}",
+        )
         _require(
             0 <= self.stuck_after <= 86_400,
             f"stuck_after must be from 0 (off) to 86400 seconds, got {self.stuck_after}",

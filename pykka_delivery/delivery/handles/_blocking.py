@@ -54,10 +54,12 @@ class BlockingProducer(Generic[S]):
     def send_many(self, messages: Iterable[Any], timeout: float | None = None) -> list[int]:
         """Send ``messages`` in order, each once there is demand for it; returns their
         seq_nrs. It takes as many at a time as the demand allows (a `Producer`: its
-        consumer's window): with a durable queue, each such batch of a `Producer` is stored
-        with one write (one commit), which is what makes durable sending fast; without
-        one, it still saves a call per message. What the other side answers meanwhile is
-        processed between batches.
+        consumer's window), which saves a call per message. With a durable queue a
+        `Producer` stores each batch with one write (one commit), which is what makes
+        durable sending fast, and stores up to ``durable_store_ahead`` more messages of the
+        call in that write (`ProducerControllerSettings`): those are in the stream once
+        stored and go out as the consumer asks for them, so the call may return before
+        they are sent. What the other side answers meanwhile is processed between batches.
 
         All or nothing for payloads: once the first can go out, every one is checked for
         where they go (``SerializationError``, nothing sent, if one cannot be encoded).

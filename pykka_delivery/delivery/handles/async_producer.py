@@ -194,7 +194,8 @@ class AsyncProducer:
 
     async def send_many(self, messages: Iterable[Any], timeout: float | None = None) -> list[int]:
         """Send ``messages`` in order, each once the consumer has room for it; returns their
-        seq_nrs. As `Producer.send_many`: a window at a time, one store per window.
+        seq_nrs. As `Producer.send_many`: a window at a time, one store per window (with
+        up to ``durable_store_ahead`` more stored ahead, sent as demand comes).
 
         Raises:
             DeliveryTimeout: not all were sent within ``timeout`` seconds; the error says

@@ -276,8 +276,10 @@ def test_producer_fast_path_is_taken_in_the_steady_state() -> None:
     assert core.on_ack(3) == []
 
 
-def durable_core(chunked: bool = False) -> ProducerCore:
-    config = ProducerControllerSettings(chunk_large_messages=3 if chunked else 0)
+def durable_core(chunked: bool = False, store_ahead: int = 0) -> ProducerCore:
+    config = ProducerControllerSettings(
+        chunk_large_messages=3 if chunked else 0, durable_store_ahead=store_ahead
+    )
     return ProducerCore(
         "p",
         Probe("self"),
@@ -347,7 +349,8 @@ def test_producer_batch_path_matches_on_msg_one_message_at_a_time(
     events: list[tuple[Any, ...]], chunked: bool, durable: bool, k: int
 ) -> None:
     """`on_msg_batch` of k messages: the same sends, stores, state and statistics as
-    `on_msg` for each while there is demand (the stores as one effect instead of k)."""
+    `on_msg` for each while there is demand (the stores as one effect instead of k).
+    Durable cores store nothing ahead here (``durable_store_ahead=0``): see below."""
     if durable:
         cores = [durable_core(chunked) for _ in range(2)]
     else:
@@ -872,3 +875,67 @@ def test_a_run_message_can_be_redelivered_from_a_run_given_up_on_by_the_feeder()
 
     assert Send(CONSUMER, Delivery("m3", CONSUMER, "p0", 3, 1)) in confirmed
     assert core.snapshot().stashed == (4,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=producer_events, k=st.integers(1, 8), ahead=st.integers(1, 5))
+def test_stored_ahead_messages_are_stored_before_sent_and_sent_in_order_as_demand_comes(
+    events: list[tuple[Any, ...]], k: int, ahead: int
+) -> None:
+    """A durable batch that takes more than the demand (``durable_store_ahead``): every
+    message is stored before its first send, each seq_nr is sent for the first time in
+    order, never beyond the window, the producer gets no demand while some wait, and
+    nothing counts as all confirmed until they are sent and confirmed."""
+    core = durable_core(store_ahead=ahead)
+    core.on_start(PRODUCER)
+    core.on_register_consumer(CONSUMER)
+    stored: set[int] = set()
+    first_sends: list[int] = []
+    numbered = 0
+    for event in events:
+        before = core.last_seq_nr
+        effects = producer_batch_step(core, event, True, k)
+        numbered += core.last_seq_nr - before
+        for effect in effects:
+            if isinstance(effect, StoreMessagesSent):
+                stored.update(m.seq_nr for m in effect.sents)
+            elif isinstance(effect, Send) and isinstance(effect.message, SequencedMessage):
+                seq_nr = effect.message.seq_nr
+                assert seq_nr in stored, "sent before it was stored"
+                if seq_nr not in first_sends:
+                    first_sends.append(seq_nr)
+        assert first_sends == list(range(1, len(first_sends) + 1))
+        snapshot = core.snapshot()
+        if first_sends:
+            assert first_sends[-1] <= max(snapshot.requested_seq_nr, 1)
+        if snapshot.remaining_chunks:
+            assert not core.has_demand
+            if snapshot.confirmed_seq_nr < snapshot.remaining_chunks[-1]:
+                assert not core.all_confirmed
+        assert core.last_seq_nr == numbered
+        assert sorted(stored) == list(range(1, numbered + 1))
+
+
+def test_a_durable_batch_stores_ahead_in_one_write_and_sends_the_rest_on_demand() -> None:
+    """With a window of 2 and ``durable_store_ahead`` 3: five messages stored at once, two
+    sent; the next Request sends the other three with no further store."""
+    core = durable_core(store_ahead=3)
+    core.on_start(PRODUCER)
+    core.on_register_consumer(CONSUMER)
+    core.on_msg("first")
+    core.on_request(Request(1, 3, True, False))
+    effects = core.on_msg_batch(iter(["a", "b", "c", "d", "e", "f"]))
+    stores = [e for e in effects if isinstance(e, StoreMessagesSent)]
+    sent = [e.message.seq_nr for e in effects if isinstance(e, Send)]
+    assert [[m.seq_nr for m in e.sents] for e in stores] == [[2, 3, 4, 5, 6]]
+    assert sent == [2, 3]
+    assert core.last_seq_nr == 6
+    assert not core.has_demand
+    later = core.on_request(Request(3, 8, True, False))
+    assert not any(isinstance(e, StoreMessagesSent | StoreMessageSent) for e in later)
+    assert [
+        e.message.seq_nr
+        for e in later
+        if isinstance(e, Send) and isinstance(e.message, SequencedMessage)
+    ] == [4, 5, 6]
+    assert core.has_demand

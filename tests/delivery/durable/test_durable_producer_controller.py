@@ -396,6 +396,30 @@ def test_the_core_drops_partially_stored_chunks_of_a_state_it_is_given() -> None
     assert (core.snapshot().unconfirmed, core.current_seq_nr) == ((3,), 4)
 
 
+def test_a_batch_stores_ahead_of_demand_and_sends_the_rest_as_demand_comes() -> None:
+    """``durable_store_ahead`` (default 1 000): the whole batch is stored in one write, the
+    window's share is sent now, the rest on the next Request without another write; only
+    then does the producer have demand again, and only then is everything confirmed."""
+    queue = MemoryDurableQueue()
+    rig = Rig(queue, announce_demand=False)
+    rig.driver.apply(rig.core.on_msg("msg-1"))
+    rig.feed(Request(1, 10, True, False))
+    rig.cc.drain()
+
+    effects = rig.driver.apply(rig.core.on_msg_batch(iter([f"msg-{n}" for n in range(2, 13)])))
+
+    assert effects[0] == StoreMessagesSent(tuple(sent(n) for n in range(2, 13)))
+    assert effects[1:] == [Send(rig.cc, seq(n, rig.pc)) for n in range(2, 11)]
+    assert queue.state == state(13, 1, *(sent(n) for n in range(2, 13)))
+    assert (rig.core.last_seq_nr, rig.core.has_demand) == (12, False)
+    rig.feed(Request(10, 20, True, False))
+    assert not rig.core.all_confirmed  # 11 and 12 were sent just now
+    assert rig.core.has_demand
+    assert rig.core.statistics().stored == 12  # no second write for 11 and 12
+    rig.feed(Ack(12))
+    assert rig.core.all_confirmed
+
+
 def test_a_durable_state_without_a_clock_is_refused() -> None:
     with pytest.raises(ValueError, match="clock_millis"):
         ProducerCore(PRODUCER_ID, Probe(), Probe(), durable_state=DurableProducerState())
@@ -403,7 +427,7 @@ def test_a_durable_state_without_a_clock_is_refused() -> None:
 
 def test_a_batch_is_stored_with_one_store_then_sent_in_order() -> None:
     queue = MemoryDurableQueue()
-    rig = Rig(queue, announce_demand=False)
+    rig = Rig(queue, ProducerControllerSettings(durable_store_ahead=0), announce_demand=False)
     rig.driver.apply(rig.core.on_msg("msg-1"))
     rig.feed(Request(1, 10, True, False))
     rig.cc.drain()
@@ -882,7 +906,11 @@ def test_send_many_stores_what_the_window_allows_with_one_store_call(
 def test_send_many_timing_out_says_how_many_were_sent(timers: TimerService) -> None:
     queue = MemoryDurableQueue()
     producer = Producer(
-        PRODUCER_ID, timer_service=timers, durable_queue=queue, clock_millis=fixed_clock
+        PRODUCER_ID,
+        ProducerControllerSettings(durable_store_ahead=0),
+        timer_service=timers,
+        durable_queue=queue,
+        clock_millis=fixed_clock,
     )
     producer.register_consumer(BlockingProbe("consumer"))
     producer.send("msg-1", timeout=WAIT)
@@ -892,6 +920,31 @@ def test_send_many_timing_out_says_how_many_were_sent(timers: TimerService) -> N
         producer.send_many(["msg-2", "msg-3", "msg-4", "msg-5"], timeout=0.05)
 
     assert [m.message for m in queue.state.unconfirmed] == ["msg-2", "msg-3"]
+
+
+def test_send_many_returns_once_all_are_stored_and_sends_the_rest_as_demand_comes(
+    timers: TimerService,
+) -> None:
+    """With ``durable_store_ahead`` (default), a call beyond the demand returns once every
+    message is stored: they are in the stream, sent when the consumer asks for them."""
+    queue = MemoryDurableQueue()
+    producer = Producer(
+        PRODUCER_ID, timer_service=timers, durable_queue=queue, clock_millis=fixed_clock
+    )
+    cc = BlockingProbe("consumer")
+    producer.register_consumer(cc)
+    producer.send("msg-1", timeout=WAIT)
+    producer.ref.tell(Request(1, 3, True, False))
+
+    assert producer.send_many(["msg-2", "msg-3", "msg-4", "msg-5"], timeout=WAIT) == [2, 3, 4, 5]
+
+    assert [m.message for m in queue.state.unconfirmed] == ["msg-2", "msg-3", "msg-4", "msg-5"]
+    assert queue.calls["store_messages_sent"] == 1
+    assert [take(cc)[:2] for _ in range(3)] == [(1, "msg-1"), (2, "msg-2"), (3, "msg-3")]
+    producer.ref.tell(Request(3, 6, True, False))
+    assert [take(cc)[:2] for _ in range(2)] == [(4, "msg-4"), (5, "msg-5")]
+    producer.ref.tell(Ack(5))
+    producer.wait_confirmed(timeout=WAIT)
 
 
 def test_send_many_delivers_every_message_in_order_to_a_consumer(timers: TimerService) -> None:
