@@ -88,7 +88,12 @@ class _Stream:
         self.node = hello.node or context.peer()
         self.owner = hello.owner
         self.probe_address = hello.probe_address
-        self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        # Replies (as the tasks that make them, in request order) and the actor's updates.
+        self.outbox: asyncio.Queue[pb.ServerMessage | asyncio.Task[pb.ServerMessage] | None] = (
+            asyncio.Queue()
+        )
+        self.in_flight = asyncio.Semaphore(server.settings.stream_pipeline)
+        self.failure: _Unavailable | None = None  # a request failed: the stream ends
         self.sink = _Sink(asyncio.get_running_loop(), self.outbox, server)
         self.task = asyncio.current_task()
         self.replaced = False
@@ -134,12 +139,17 @@ class _Stream:
                 if await self._on_message(message):
                     goodbye = True
                     break
+            # Every request read is answered before the stream ends (they are applied).
+            self.outbox.put_nowait(None)
+            await writer
         except asyncio.CancelledError:
-            if not (self.replaced or self.deposed):
+            if not (self.replaced or self.deposed or self.failure):
                 raise
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            if self.failure is not None:
+                await server._abort_unavailable(context, str(self.failure))
             if self.deposed:
                 await server._abort_unavailable(context, "this coordinator stopped leading")
             # Usually a client that reconnected before this server saw its old stream
@@ -172,6 +182,7 @@ class _Stream:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(writer, server.settings.shutdown_grace)
             writer.cancel()
+            _cancel_answers(self.outbox)
 
     async def _on_message(self, message: pb.ClientMessage) -> bool:
         """Carry out a message that follows the hello; True for a goodbye (the client
@@ -188,7 +199,10 @@ class _Stream:
         if kind == "positions":  # no reply
             self.server._report_positions(self.connection, message.positions)
         else:
-            self.outbox.put_nowait(await self._answer(message))
+            # Carried out at once (the actor gets requests in stream order: a task's first
+            # step tells it), answered in order by the writer.
+            await self.in_flight.acquire()
+            self.outbox.put_nowait(asyncio.ensure_future(self._answer(message)))
         return False
 
     async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
@@ -221,9 +235,21 @@ class _Stream:
     async def _write(self) -> None:
         counters = self.server._counters
         while True:
-            message = await self.outbox.get()
-            if message is None:
+            item = await self.outbox.get()
+            if item is None:
                 return
+            if isinstance(item, asyncio.Task):
+                try:
+                    message = await item
+                except _Unavailable as error:  # the reader ends the stream with it
+                    self.failure = error
+                    if self.task is not None:
+                        self.task.cancel()
+                    return
+                finally:
+                    self.in_flight.release()
+            else:
+                message = item
             try:
                 await self.context.write(message)
             except Exception as error:  # the stream is gone; the reader sees it end
@@ -231,3 +257,16 @@ class _Stream:
                 return
             if message.WhichOneof("body") == "update":
                 counters.updates_sent += 1
+
+
+def _cancel_answers(outbox: asyncio.Queue[Any]) -> None:
+    """Cancel the answers the writer will not write (the stream ended): their commands
+    were told to the actor and stand; only their replies are dropped."""
+    while not outbox.empty():
+        item = outbox.get_nowait()
+        if isinstance(item, asyncio.Task):
+            if item.done():
+                if not item.cancelled():
+                    item.exception()  # seen: no "never retrieved" warning
+            else:
+                item.cancel()

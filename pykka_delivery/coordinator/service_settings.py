@@ -79,6 +79,12 @@ class CoordinatorServerSettings:
         hello_timeout: how long a new stream may take to send its hello before it is
             ended with DEADLINE_EXCEEDED. Default 10.
         shutdown_grace: seconds given to open streams when the server stops. Default 1.
+        stream_pipeline: requests of one stream carried out at once: the server reads on
+            while earlier ones wait for their group commit (replies still go out in request
+            order), so that a client registering many subscriptions at once (a member of
+            a partitioned group, a reconnect) joins one commit instead of one per request.
+            Past it, the stream's next request is read once a reply is written. Default
+            64; 1 to 10 000 (1: one request at a time).
         lag_expiry: seconds after which a position (lag as data: docs/coordinator.md,
             "Lag") not reported again is forgotten: a producer or consumer closed, or its
             connection lost. Keep it well above the clients' ``report_interval``.
@@ -111,6 +117,7 @@ class CoordinatorServerSettings:
     ask_threads: int = 4
     hello_timeout: float = 10.0
     shutdown_grace: float = 1.0
+    stream_pipeline: int = 64
     lag_expiry: float = 30.0
     probe_timeout: float = 1.0
     probe_token: str | None = field(default=None, repr=False)
@@ -144,6 +151,10 @@ class CoordinatorServerSettings:
             (self.ask_threads >= 1, f"ask_threads must be at least 1, got {self.ask_threads}"),
             (self.hello_timeout > 0, "hello_timeout must be above 0 seconds"),
             (self.shutdown_grace >= 0, "shutdown_grace must be 0 seconds or more"),
+            (
+                1 <= self.stream_pipeline <= 10_000,
+                f"stream_pipeline must be 1..10000 requests, got {self.stream_pipeline}",
+            ),
             (self.lag_expiry > 0, "lag_expiry must be above 0 seconds"),
             (self.token is None or len(self.token) > 0, "token must not be empty"),
             (self.probe_timeout > 0, "probe_timeout must be above 0 seconds"),

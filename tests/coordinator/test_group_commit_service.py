@@ -4,6 +4,8 @@ the server's loop) and a fenced log ending the requests with UNAVAILABLE."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -118,3 +120,59 @@ def test_a_request_refused_by_a_fenced_log_ends_with_unavailable_and_stops_the_a
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "epoch 7" in (ended.value.details() or "")
     assert stopped, "a coordinator whose log is fenced stops"
+
+
+class _GatedLog(MemoryCommandLog):
+    """A log whose first append waits for ``gate``; records each append's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.sizes: list[int] = []
+
+    def append(self, command: Command) -> None:
+        self.append_all([command])
+
+    def append_all(self, commands: Sequence[Command], state: Any = None) -> None:
+        if not self.sizes:
+            self.gate.wait(WAIT)
+        self.sizes.append(len(commands))
+        super().append_all(commands, state)
+
+
+def test_requests_of_one_stream_join_one_group_commit_and_are_answered_in_order() -> None:
+    """The server reads on while a request waits for its commit (``stream_pipeline``):
+    the four registrations sent behind the first are carried out together, and the
+    replies still come in request order."""
+    log = _GatedLog()
+    actor = CoordinatorActor.start(log)
+    server = CoordinatorServer(actor).start()
+    registers = [
+        pb.ClientMessage(
+            request_id=n,
+            register=pb.Register(
+                group=pb.GroupKey(namespace="a", stream="b", name=f"g{n}"), subscription_id=n
+            ),
+        )
+        for n in range(2, 7)
+    ]
+    hello = pb.ClientMessage(request_id=1, hello=pb.Hello(connection_id="raw", node="test"))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
+            replies = stub.Connect(iter([hello, *registers]), timeout=WAIT)
+            assert next(replies).reply.request_id == 1
+            deadline = time.monotonic() + WAIT
+            while server._counters.requests < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            read_ahead = server._counters.requests
+            log.gate.set()
+            answered = [m.reply.request_id for m in replies if m.HasField("reply")]
+    finally:
+        log.gate.set()
+        server.stop()
+        actor.stop()
+
+    assert read_ahead == 5, "the server waited for each commit before reading the next"
+    assert answered == [2, 3, 4, 5, 6]
+    assert log.sizes[:2] == [1, 4]  # then the stream's end (ConnectionLost)

@@ -500,7 +500,7 @@ def test_an_invalid_request_is_refused_and_the_stream_goes_on(server: Coordinato
         requests.put(pb.ClientMessage(request_id=2, register=bad))
         refused = next(replies)
         requests.put(pb.ClientMessage(request_id=3, register=good))
-        update, registered = next(replies), next(replies)
+        registered, update = next(replies), next(replies)  # the update follows the reply
         requests.put(pb.ClientMessage(goodbye=pb.Goodbye()))
         requests.put(None)
         assert list(replies) == []
