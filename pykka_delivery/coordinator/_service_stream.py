@@ -148,22 +148,7 @@ class _Stream:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            if self.failure is not None:
-                await server._abort_unavailable(context, str(self.failure))
-            if self.deposed:
-                await server._abort_unavailable(context, "this coordinator stopped leading")
-            # Usually a client that reconnected before this server saw its old stream
-            # end; if it repeats, two live processes share one connection_id.
-            logger.info(
-                "Connection %r attached again through a newer stream: ending this one",
-                self.connection,
-            )
-            await context.abort(
-                grpc.StatusCode.ABORTED,
-                f"connection {self.connection!r} attached again through a newer stream, "
-                "which replaces this one (if two live processes share this connection_id, "
-                "give each its own)",
-            )
+            await self._end_cancelled()
         except _Unavailable as error:
             await server._abort_unavailable(context, str(error))
         finally:
@@ -183,6 +168,27 @@ class _Stream:
                     await asyncio.wait_for(writer, server.settings.shutdown_grace)
             writer.cancel()
             _cancel_answers(self.outbox)
+
+    async def _end_cancelled(self) -> None:
+        """End the stream this server cancelled: a request failed (UNAVAILABLE), this
+        server no longer leads (UNAVAILABLE), or a newer stream replaced it (ABORTED)."""
+        server, context = self.server, self.context
+        if self.failure is not None:
+            await server._abort_unavailable(context, str(self.failure))
+        if self.deposed:
+            await server._abort_unavailable(context, "this coordinator stopped leading")
+        # Usually a client that reconnected before this server saw its old stream
+        # end; if it repeats, two live processes share one connection_id.
+        logger.info(
+            "Connection %r attached again through a newer stream: ending this one",
+            self.connection,
+        )
+        await context.abort(
+            grpc.StatusCode.ABORTED,
+            f"connection {self.connection!r} attached again through a newer stream, "
+            "which replaces this one (if two live processes share this connection_id, "
+            "give each its own)",
+        )
 
     async def _on_message(self, message: pb.ClientMessage) -> bool:
         """Carry out a message that follows the hello; True for a goodbye (the client
