@@ -17,7 +17,10 @@ Measured in the same run:
   commit). Each connection registers one consumer in each of
   ``registrations / connections`` simple groups, so every group ends with one consumer per
   connection (the first one active), as when every instance of an application consumes
-  the same streams.
+  the same streams. ``registrations_per_s_sqlite_pipelined``: the same on SQLite with
+  ``PIPELINED_THREADS`` threads per connection, each registering its share of the groups
+  (a client with many subscriptions registering at once: a partitioned group's member,
+  a reconnect), whose requests the server carries out together (``stream_pipeline``).
 * ceiling ``machine``: the same commands through the pure `apply`, in memory, in this
   process (no actor, no log, no I/O); and, in between, the same commands told to a
   `CoordinatorActor` in this process all at once (with a ``reply_to``, as the service
@@ -107,6 +110,7 @@ PAYLOAD = b"x" * 100
 GROUP = ("bench", "orders", "billing")
 WAIT = 30.0  # bound on every single wait of the parent
 CLIENT_PROCESSES = 4  # the registrations' clients are spread over this many processes
+PIPELINED_THREADS = 10  # registering threads per connection in the pipelined variant
 
 # Fail-over settings (seconds): low detection timeouts, printed with the figures.
 DISCONNECTED_TIMEOUT = 0.5
@@ -156,10 +160,11 @@ def child_coordinator(
         threading.Event().wait()  # until killed
 
 
-def child_register(address: str, first: int, count: int, groups: int) -> None:
+def child_register(address: str, first: int, count: int, groups: int, threads: int = 1) -> None:
     """Connections ``first .. first + count - 1`` of a registrations run: each registers
-    one consumer in each of ``groups`` groups, one thread per connection, once SIGUSR1
-    arrives; prints the CLOCK_MONOTONIC start and end and the CPU this process used."""
+    one consumer in each of ``groups`` groups, ``threads`` threads per connection (each
+    a share of the groups, one registration at a time), once SIGUSR1 arrives; prints the
+    CLOCK_MONOTONIC start and end and the CPU this process used."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # every thread inherits it
     clients = [CoordinatorClient(address, owner=f"bench-{c}") for c in range(first, first + count)]
     if not all(client.wait_connected(WAIT) for client in clients):
@@ -167,22 +172,27 @@ def child_register(address: str, first: int, count: int, groups: int) -> None:
     go = threading.Event()
     failures: list[BaseException] = []
 
-    def register_all(client: CoordinatorClient) -> None:
+    def register_all(client: CoordinatorClient, share: list[GroupId]) -> None:
         go.wait()
         try:
-            for gid in _groups(groups):
+            for gid in share:
                 client.register(gid, client.next_subscription_id(), lambda _: None, timeout=WAIT)
         except BaseException as error:
             failures.append(error)
 
-    threads = [threading.Thread(target=register_all, args=(c,)) for c in clients]
-    for thread in threads:
+    every = _groups(groups)
+    workers = [
+        threading.Thread(target=register_all, args=(c, every[t::threads]))
+        for c in clients
+        for t in range(threads)
+    ]
+    for thread in workers:
         thread.start()
     _emit(ready=True)
     signal.sigwait({signal.SIGUSR1})
     cpu, started = _own_cpu_seconds(), time.monotonic()
     go.set()
-    for thread in threads:
+    for thread in workers:
         thread.join(WAIT * 4)
     ended, cpu = time.monotonic(), _own_cpu_seconds() - cpu
     if failures:
@@ -402,7 +412,13 @@ def actor_rate(commands: list[RegisterConsumer], log: str) -> float:
 
 
 def service_rate(
-    total: int, connections: int, log: str, log_dir: Path, processes: int = 0
+    total: int,
+    connections: int,
+    log: str,
+    log_dir: Path,
+    processes: int = 0,
+    *,
+    threads: int = 1,
 ) -> dict[str, float]:
     """Registrations through the gRPC service; also the CPU each side used meanwhile, as
     a share of one core. ``processes``: the clients run in that many child processes (0:
@@ -414,7 +430,9 @@ def service_rate(
     try:
         address = coordinator.expect(lambda line: bool(line.get("ready")))["address"]
         if processes:
-            return _service_rate_from_processes(total, connections, processes, address, coordinator)
+            return _service_rate_from_processes(
+                total, connections, processes, address, coordinator, threads=threads
+            )
         clients = [CoordinatorClient(address, owner=f"bench-{c}") for c in range(connections)]
         for client in clients:
             if not client.wait_connected(WAIT):
@@ -462,9 +480,16 @@ def service_rate(
 
 
 def _service_rate_from_processes(
-    total: int, connections: int, processes: int, address: str, coordinator: Proc
+    total: int,
+    connections: int,
+    processes: int,
+    address: str,
+    coordinator: Proc,
+    *,
+    threads: int,
 ) -> dict[str, float]:
-    """`service_rate` with the connections spread over ``processes`` child processes."""
+    """`service_rate` with the connections spread over ``processes`` child processes,
+    ``threads`` registering threads per connection."""
     groups = total // connections
     shares = [connections // processes + (p < connections % processes) for p in range(processes)]
     firsts = [sum(shares[:p]) for p in range(processes)]
@@ -473,7 +498,7 @@ def _service_rate_from_processes(
         Proc(
             f"clients-{p}",
             "register",
-            [address, str(firsts[p]), str(shares[p]), str(groups)],
+            [address, str(firsts[p]), str(shares[p]), str(groups), str(threads)],
             log_dir,
         )
         for p in range(processes)
@@ -564,12 +589,24 @@ def measure_registrations(
         commands, str(log_dir / "actor.sqlite")
     )
     figures["actor_memory_registrations_per_s"] = actor_rate(commands, "memory")
-    results: dict[str, list[dict[str, float]]] = {"sqlite": [], "memory": [], "postgres": []}
+    results: dict[str, list[dict[str, float]]] = {
+        "sqlite": [],
+        "memory": [],
+        "postgres": [],
+        "sqlite_pipelined": [],
+    }
     with postgres_server() as postgres:
         for run in range(runs):
             sqlite_path = str(log_dir / f"service-{run}.sqlite")
             for name, log in (("sqlite", sqlite_path), ("memory", "memory")):
                 results[name].append(service_rate(total, connections, log, log_dir, processes))
+            if processes:
+                pipelined = str(log_dir / f"pipelined-{run}.sqlite")
+                results["sqlite_pipelined"].append(
+                    service_rate(
+                        total, connections, pipelined, log_dir, processes, threads=PIPELINED_THREADS
+                    )
+                )
             if postgres is not None:
                 url = postgres.create_database()
                 results["postgres"].append(
@@ -583,6 +620,10 @@ def measure_registrations(
         postgres_run = _median_run(results["postgres"])
         figures["registrations_per_s_postgres"] = postgres_run["per_s"]
         figures["coordinator_us_per_registration_postgres"] = postgres_run["coordinator_us"]
+    if results["sqlite_pipelined"]:
+        pipelined_run = _median_run(results["sqlite_pipelined"])
+        figures["registrations_per_s_sqlite_pipelined"] = pipelined_run["per_s"]
+        figures["coordinator_us_per_registration_pipelined"] = pipelined_run["coordinator_us"]
     figures["registrations_vs_machine"] = sqlite["per_s"] / machine["per_s"]
     figures["client_processes"] = processes
     figures["coordinator_cpu_share"] = sqlite["coordinator_cpu"]
@@ -795,7 +836,7 @@ def main() -> None:
         if role == "coordinator":
             child_coordinator(args[0], float(args[1]), float(args[2]), float(args[3]))
         elif role == "register":
-            child_register(args[0], int(args[1]), int(args[2]), int(args[3]))
+            child_register(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]))
         elif role == "producer":
             child_producer(float(args[0]))
         else:
