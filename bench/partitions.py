@@ -6,18 +6,19 @@ of its own (``python -m tests.partitions.procs member``) whose handler spends ``
 µs of CPU per message (a busy loop on the thread's CPU clock) and appends the message to
 its partition's file, so that the work, not the transport, is the bottleneck.
 
-Throughput: the members join one after the other (the coordinator's modulo rule gives each
+Throughput: the members join one after the other (the coordinator's sticky rule gives each
 8/N partitions); ``--warmup`` messages are sent and handled, then ``--messages`` more are
 sent as fast as the group takes them, timed from the first send to the last message
 handled (the members write each message's CLOCK_MONOTONIC; the processes share it).
 Every message is checked handled, each partition in order.
 
 Rebalance pause: one member handles the stream, sent at ``--rate`` messages/s; a second
-joins, and the odd partitions move to it by step-down. A moved partition's pause is the
-time from the last message its old owner handled to the first its new owner handled; an
-unmoved partition's is the longest time between two of its messages during the rebalance
-(from the first moved partition's stop to the last one's resumption), which at the paced
-rate is about ``partitions / rate`` when nothing stops. Medians over the partitions of each
+joins, and half the partitions (the upper four, by the sticky rule) move to it by
+step-down. A moved partition's pause is the time from the last message its old owner
+handled to the first its new owner handled; an unmoved partition's is the longest time
+between two of its messages during the rebalance (from the first moved partition's stop
+to the last one's resumption), which at the paced rate is about ``partitions / rate``
+when nothing stops. Medians over the partitions of each
 kind (and the maxima) are printed, with the unmoved partitions' longest gap in a steady
 stretch as long, before the join (the jitter of the flow itself, for comparison).
 
@@ -26,7 +27,11 @@ best run counts (another process's load only ever slows a run down).
 
 The last line printed is one JSON object with ``consumers_1_msgs_per_s``,
 ``consumers_2_msgs_per_s``, ``consumers_4_msgs_per_s``, ``pause_ms_moved_partition``,
-``pause_ms_unmoved_partition`` (and the ratios to one consumer, the maxima of the pauses).
+``pause_ms_unmoved_partition`` (and the ratios to one consumer, the maxima of the pauses),
+``moved_partitions_2_to_3`` and ``moved_partitions_2_to_3_modulo``: how many of the 8
+partitions change owner when a third member joins a group of two, by the sticky rule (the
+default; 2 is the fewest balance allows) and by RabbitMQ's modulo rule, on the real
+coordinator with every step-down answered.
 
 Usage: python bench/partitions.py [--messages N] [--work-us U] [--repeat K] [--rate R]
 [--quick]
@@ -52,9 +57,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pykka_delivery.coordinator import (  # noqa: E402
+    Activity,
     CoordinatorActor,
+    CoordinatorClient,
     CoordinatorServer,
     CoordinatorSettings,
+    GroupId,
+    SendConsumerUpdate,
 )
 from pykka_delivery.partitions import (  # noqa: E402
     PartitionedProducer,
@@ -178,7 +187,7 @@ def throughput(members: int, count: int, warmup: int, work_us: float) -> dict[st
 
 def pause(rate: float, work_us: float) -> dict[str, Any]:
     """One member, then a second joins while the stream flows at ``rate``: the pause of
-    the moved (odd) partitions and of the unmoved (even) ones."""
+    the moved partitions and of the unmoved ones."""
     with tempfile.TemporaryDirectory(prefix="partitions-pause-") as tmp:
         stream = Stream(Path(tmp), work_us)
         try:
@@ -215,6 +224,68 @@ def pause(rate: float, work_us: float) -> dict[str, Any]:
         "rebalance_ms": (end - start) * 1000,
         "join_to_registered_s": registered - joined,
     }
+
+
+def moved_partitions_2_to_3(assignment: str) -> int:
+    """Partitions whose active owner changes when a third member joins a group of two on
+    `PARTITIONS` partitions, on the real coordinator (its gRPC server, a client per member
+    answering each step-down as a member does), counted once every hand-over settled."""
+    coordinator = CoordinatorActor.start(
+        settings=CoordinatorSettings(partition_assignment=assignment)
+    )
+    server = CoordinatorServer(coordinator).start()
+    clients: list[CoordinatorClient] = []
+    groups = [GroupId("bench", f"{STREAM}-{p}", GROUP) for p in range(PARTITIONS)]
+
+    def join() -> CoordinatorClient:
+        client = CoordinatorClient(server.address, owner=f"m{len(clients) + 1}")
+        clients.append(client)
+
+        def on_update(update: SendConsumerUpdate) -> None:
+            if not update.active:  # nothing in flight here: stopped at once
+                client.send_activate(update.group, update.subscription_id, epoch=update.epoch)
+
+        for partition, group in enumerate(groups):
+            client.register(group, partition, on_update, partition_index=partition, timeout=WAIT)
+        return client
+
+    def owners() -> dict[int, str]:
+        """partition -> its active member's connection, once no step-down is pending."""
+        infos = {i.group: i for i in clients[0].list_groups("bench", timeout=WAIT)}
+        out = {}
+        for partition, group in enumerate(groups):
+            consumers = infos[group].consumers
+            if any(c.activity is Activity.DEACTIVATING for c in consumers):
+                return {}
+            active = [c.connection for c in consumers if c.activity is Activity.ACTIVE]
+            if len(active) != 1:
+                return {}
+            out[partition] = active[0]
+        return out
+
+    def settled(members: int) -> dict[int, str]:
+        found: dict[int, str] = {}
+
+        def check() -> bool:
+            nonlocal found
+            found = owners()
+            return len(found) == PARTITIONS and len(set(found.values())) == members
+
+        _wait(check, f"{members} members to settle", [])
+        return found
+
+    try:
+        join()
+        join()
+        before = settled(2)
+        join()
+        after = settled(3)
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+        coordinator.stop()
+    return sum(1 for p in range(PARTITIONS) if before[p] != after[p])
 
 
 def _steady_gap(log: Any, joined: float, length: float) -> float:
@@ -254,6 +325,8 @@ def main() -> None:
             print(f"{members} consumer process(es), run {attempt}: {json.dumps(result)}")
             if members not in best or result["msgs_per_s"] > best[members]["msgs_per_s"]:
                 best[members] = result
+    moved = {rule: moved_partitions_2_to_3(rule) for rule in ("sticky", "modulo")}
+    print(f"partitions moved when a third member joins two: {json.dumps(moved)}")
     pauses = pause(args.rate, args.work_us)
     print(f"rebalance 1 -> 2 consumers at {args.rate:.0f} msgs/s: {json.dumps(pauses)}")
     figures: dict[str, float] = {}
@@ -269,6 +342,8 @@ def main() -> None:
     figures["pause_ms_unmoved_partition_max"] = max(pauses["pause_ms_unmoved"])
     figures["steady_gap_ms_unmoved_partition"] = statistics.median(pauses["steady_gap_ms_unmoved"])
     figures["pause_ms_paced_gap"] = PARTITIONS / args.rate * 1000
+    figures["moved_partitions_2_to_3"] = moved["sticky"]
+    figures["moved_partitions_2_to_3_modulo"] = moved["modulo"]
     for key, value in figures.items():
         print(f"{key:<36}{value:>14,.2f}" if "_vs_" in key else f"{key:<36}{value:>14,.1f}")
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))

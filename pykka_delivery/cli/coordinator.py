@@ -28,6 +28,7 @@ from pykka_delivery.cli._errors import TLS_HINT, CommandError
 from pykka_delivery.cli._options import DEFAULT_COORDINATOR, Security, security_options
 from pykka_delivery.cli._output import print_json
 from pykka_delivery.coordinator.actor import CoordinatorActor
+from pykka_delivery.coordinator.assignment import PARTITION_ASSIGNMENTS
 from pykka_delivery.coordinator.leadership import DEFAULT_ACQUIRE_INTERVAL
 from pykka_delivery.coordinator.lease import DEFAULT_LEASE_TTL
 from pykka_delivery.coordinator.service import CoordinatorServer
@@ -118,6 +119,14 @@ def coordinator() -> None:
     help="The most partitions a stream of the catalog may have.",
 )
 @click.option(
+    "--partition-assignment",
+    type=click.Choice(PARTITION_ASSIGNMENTS),
+    default=_DEFAULTS.partition_assignment,
+    show_default=True,
+    help="How a partitioned group's partitions are shared by its members: sticky moves "
+    "only as many as balance needs, modulo is RabbitMQ's rule.",
+)
+@click.option(
     "--allow-insecure",
     is_flag=True,
     help="Allow plaintext on a host other than loopback (otherwise give TLS).",
@@ -151,6 +160,7 @@ def serve(
     disconnected_timeout: float,
     recovery_min_delay: float,
     max_partitions: int,
+    partition_assignment: str,
     allow_insecure: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -167,6 +177,7 @@ def serve(
         disconnected_timeout=disconnected_timeout,
         recovery_min_delay=recovery_min_delay,
         max_partitions=max_partitions,
+        partition_assignment=partition_assignment,
     )
     try:
         server_settings = CoordinatorServerSettings(

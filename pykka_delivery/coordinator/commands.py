@@ -294,6 +294,7 @@ class UpdateSettings:
     disconnected_timeout: float = _DEFAULT_SETTINGS.disconnected_timeout
     recovery_min_delay: float = _DEFAULT_SETTINGS.recovery_min_delay
     max_partitions: int = _DEFAULT_SETTINGS.max_partitions
+    partition_assignment: str = _DEFAULT_SETTINGS.partition_assignment
 
     def __post_init__(self) -> None:
         self.settings()  # validates
@@ -301,12 +302,18 @@ class UpdateSettings:
     @classmethod
     def of(cls, settings: CoordinatorSettings) -> UpdateSettings:
         return cls(
-            settings.disconnected_timeout, settings.recovery_min_delay, settings.max_partitions
+            settings.disconnected_timeout,
+            settings.recovery_min_delay,
+            settings.max_partitions,
+            settings.partition_assignment,
         )
 
     def settings(self) -> CoordinatorSettings:
         return CoordinatorSettings(
-            self.disconnected_timeout, self.recovery_min_delay, self.max_partitions
+            self.disconnected_timeout,
+            self.recovery_min_delay,
+            self.max_partitions,
+            self.partition_assignment,
         )
 
 

@@ -7,8 +7,10 @@ docs/coordinator.md):
   at most one consumer that counts as active (active or deactivating, not presumed down).
 * Simple group: the first registered becomes active; when the active consumer leaves, the
   first eligible (connected) consumer takes over at once.
-* Partitioned group (a partition of a super stream): the active consumer is
-  ``eligible[partition_index % len(eligible)]``. When that changes, the current active one
+* Partitioned group (a partition of a super stream): the active consumer is the
+  partition's target in the sticky assignment of all the partitions of its consumer group
+  (the default, D14; `sticky`), or ``eligible[partition_index % len(eligible)]`` (the
+  "modulo" setting, RabbitMQ's rule). When that changes, the current active one
   is told to step down (``SendConsumerUpdate(active=False)``) and becomes deactivating; the
   new one is activated only when the step-down is answered with `ActivateConsumer`, so two
   consumers never consume at once.
@@ -28,16 +30,18 @@ docs/coordinator.md):
 This module owns every transition: only it builds new `Group` and `CoordinatorState`
 records. The rules are the four helpers of the reference's section 2.1:
 `_activate_chosen`, `_rebalance` (``maybe_rebalance_group``), `_after_removal`
-(``handle_consumer_removal``) and `Group.chosen` (``evaluate_active_consumer``).
+(``handle_consumer_removal``) and `_chosen` (``evaluate_active_consumer``), plus
+`_follow_targets` for the sticky rule's siblings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from pykka_delivery.coordinator.bookkeeping import with_bookkeeping
 from pykka_delivery.coordinator.commands import (
     OK,
     ActivateConsumer,
@@ -60,11 +64,9 @@ from pykka_delivery.coordinator.commands import (
     UpdateSettings,
 )
 from pykka_delivery.coordinator.effects import (
-    CancelTimer,
     CheckConnection,
     Effect,
     StartTimer,
-    UnwatchConnection,
     WatchConnection,
     activate,
     step_down,
@@ -79,6 +81,7 @@ from pykka_delivery.coordinator.state import (
     GroupId,
     changed_group_ids,
 )
+from pykka_delivery.coordinator.sticky import off_target, sticky_choice
 
 __all__ = ["Outcome", "apply", "initial_state", "replay"]
 
@@ -122,7 +125,10 @@ def apply(state: CoordinatorState, command: Command) -> Outcome:
         return Outcome(state, reply, [])
     if isinstance(command, Recover):
         return Outcome(new_state, reply, effects)
-    return Outcome(new_state, reply, _with_bookkeeping(state, new_state, command, effects))
+    changed = changed_group_ids(state.groups, new_state.groups)
+    if changed and new_state.settings.sticky:
+        new_state = _follow_targets(new_state, changed, effects)
+    return Outcome(new_state, reply, with_bookkeeping(state, new_state, command, effects, changed))
 
 
 def replay(commands: Iterable[Command], state: CoordinatorState | None = None) -> CoordinatorState:
@@ -139,16 +145,24 @@ def replay(commands: Iterable[Command], state: CoordinatorState | None = None) -
 _Changed = tuple[Group, list[Effect]]
 
 
-def _activate_chosen(gid: GroupId, group: Group) -> _Changed:
+def _chosen(state: CoordinatorState, gid: GroupId, group: Group) -> Consumer | None:
+    """`Group.chosen`, or for a partitioned group under the sticky rule (the default,
+    D14) `sticky.sticky_choice` over its siblings in ``state``."""
+    if group.is_partitioned and state.settings.sticky:
+        return sticky_choice(state, gid, group)
+    return group.chosen()
+
+
+def _activate_chosen(state: CoordinatorState, gid: GroupId, group: Group) -> _Changed:
     """No consumer counts as active: make the chosen one active and tell it."""
-    chosen = group.chosen()
+    chosen = _chosen(state, gid, group)
     if chosen is None or not chosen.is_connected:
         return group, []
     group, chosen = group.activated(chosen)
     return group, [activate(gid, chosen)]
 
 
-def _rebalance(gid: GroupId, group: Group) -> _Changed:
+def _rebalance(state: CoordinatorState, gid: GroupId, group: Group) -> _Changed:
     """Bring the group in line with its rule (``maybe_rebalance_group``).
 
     A simple group keeps its active consumer (moved to the front, so it stays the first
@@ -161,10 +175,10 @@ def _rebalance(gid: GroupId, group: Group) -> _Changed:
         return group, []
     current = group.active()
     if current is None:
-        return _activate_chosen(gid, group)
+        return _activate_chosen(state, gid, group)
     if not group.is_partitioned:
         return group.moved_to_front(current), []
-    chosen = group.chosen()
+    chosen = _chosen(state, gid, group)
     if chosen is None or chosen.key == current.key:
         return group, []
     # A consumer already deactivating is told again (RabbitMQ does too): cheap, and it
@@ -175,7 +189,9 @@ def _rebalance(gid: GroupId, group: Group) -> _Changed:
     )
 
 
-def _after_removal(gid: GroupId, group: Group, active_removed: bool) -> _Changed:
+def _after_removal(
+    state: CoordinatorState, gid: GroupId, group: Group, active_removed: bool
+) -> _Changed:
     """Consumers left the group (``handle_consumer_removal``).
 
     A simple group only reacts when its active consumer left. A partitioned group also
@@ -185,7 +201,7 @@ def _after_removal(gid: GroupId, group: Group, active_removed: bool) -> _Changed
         return group, []
     if not active_removed and (not group.is_partitioned or group.active() is None):
         return group, []
-    return _rebalance(gid, group)
+    return _rebalance(state, gid, group)
 
 
 # --- handlers: (state, command) -> (state, reply, effects) ------------------------------------
@@ -218,7 +234,7 @@ def _register(state: CoordinatorState, command: RegisterConsumer) -> _Result:
         # It waits. A partitioned group re-checks its rule with the newcomer counted, so
         # the newcomer is never activated on registration, only after a step-down.
         group = replace(group, consumers=(*group.consumers, newcomer))
-        group, effects = _rebalance(gid, group) if group.is_partitioned else (group, [])
+        group, effects = _rebalance(state, gid, group) if group.is_partitioned else (group, [])
     stored = group.find(command.connection, command.subscription_id)
     active = stored is not None and stored.counts_as_active
     epoch = stored.epoch if stored is not None and active else 0
@@ -250,7 +266,7 @@ def _unregister(state: CoordinatorState, command: UnregisterConsumer) -> _Result
         )
         return state, Refused(Refusal.CONSUMER_NOT_FOUND, msg), []
     group, removed = group.without(lambda c: c.key == key)
-    group, effects = _after_removal(gid, group, removed[0].counts_as_active)
+    group, effects = _after_removal(state, gid, group, removed[0].counts_as_active)
     return _with_group(state, gid, group), OK, effects
 
 
@@ -270,7 +286,7 @@ def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
     if pending is None:
         # No step-down pending: a late or repeated answer, or an operator's unblock.
         # Re-checking the rule never switches actives without a step-down.
-        group, effects = _rebalance(gid, group)
+        group, effects = _rebalance(state, gid, group)
         return _with_group(state, gid, group), OK, effects
     if command.connection and pending.key != (command.connection, command.subscription_id):
         # D11: the answer of an earlier step-down; the pending one is still finishing.
@@ -287,7 +303,7 @@ def _activate(state: CoordinatorState, command: ActivateConsumer) -> _Result:
     group = group.mapped(
         lambda c: c.with_status(activity=_WAITING) if c.is_connected or c.key == pending.key else c
     )
-    group, effects = _activate_chosen(gid, group)
+    group, effects = _activate_chosen(state, gid, group)
     return _with_group(state, gid, group), OK, effects
 
 
@@ -309,7 +325,7 @@ def _connection_lost(state: CoordinatorState, command: ConnectionLost) -> _Resul
         # at once, safe there only because a disconnected consumer gets no messages.
         return replace(c, connectivity=_DISCONNECTED, disconnected_at=command.now)
 
-    def change(gid: GroupId, group: Group) -> _Changed:
+    def change(state: CoordinatorState, gid: GroupId, group: Group) -> _Changed:
         return group.mapped(lose), []
 
     new_state, reply, effects = _for_groups_of(state, connection, change)
@@ -332,13 +348,15 @@ def _disconnected_timeout(state: CoordinatorState, command: DisconnectedTimeout)
         activity = _WAITING if c.activity is _DEACTIVATING else c.activity
         return c.with_status(_PRESUMED_DOWN, activity)
 
-    return _for_groups_of(state, connection, lambda gid, g: _rebalance_if_changed(gid, g, presume))
+    return _for_groups_of(
+        state, connection, lambda st, gid, g: _rebalance_if_changed(st, gid, g, presume)
+    )
 
 
 def _connection_reconnected(state: CoordinatorState, command: ConnectionReconnected) -> _Result:
     connection = command.connection
 
-    def reconnect(gid: GroupId, group: Group) -> _Changed:
+    def reconnect(state: CoordinatorState, gid: GroupId, group: Group) -> _Changed:
         # A presumed-down active consumer may have kept consuming while its group chose
         # another one: tell it to step down. A deactivating one (DD, D12) is connected
         # and still deactivating: it may not have got its step-down, so it is told again,
@@ -356,7 +374,7 @@ def _connection_reconnected(state: CoordinatorState, command: ConnectionReconnec
                 told.append(step_down(gid, c))
             return c.with_status(_CONNECTED)
 
-        group, effects = _rebalance(gid, group.mapped(back))
+        group, effects = _rebalance(state, gid, group.mapped(back))
         # The re-check may tell the same consumer to step down: once is enough.
         return group, told + [e for e in effects if e not in told]
 
@@ -389,7 +407,7 @@ def _evaluate(state: CoordinatorState, command: EvaluateGroup) -> _Result:
         return state, Refused(Refusal.GROUP_NOT_FOUND, msg), []
     dead = set(command.dead_connections)
     group, _ = group.without(lambda c: not c.is_connected or c.connection in dead)
-    group, effects = _rebalance(gid, group)
+    group, effects = _rebalance(state, gid, group)
     return _with_group(state, gid, group), OK, effects
 
 
@@ -493,24 +511,39 @@ def _with_group(state: CoordinatorState, gid: GroupId, group: Group) -> Coordina
 def _for_groups_of(
     state: CoordinatorState,
     connection: str,
-    change: Callable[[GroupId, Group], _Changed],
+    change: Callable[[CoordinatorState, GroupId, Group], _Changed],
 ) -> _Result:
     """Apply ``change`` to each group where ``connection`` has consumers, in key order."""
     effects: list[Effect] = []
     for gid in state.group_ids_of(connection):
-        group, changes = change(gid, state.groups[gid])
+        group, changes = change(state, gid, state.groups[gid])
         state = _with_group(state, gid, group)
         effects += changes
     return state, OK, effects
 
 
 def _rebalance_if_changed(
-    gid: GroupId, group: Group, change: Callable[[Consumer], Consumer]
+    state: CoordinatorState, gid: GroupId, group: Group, change: Callable[[Consumer], Consumer]
 ) -> _Changed:
     changed = group.mapped(change)
     if changed == group:
         return group, []
-    return _rebalance(gid, changed)
+    return _rebalance(state, gid, changed)
+
+
+def _follow_targets(
+    after: CoordinatorState, changed: set[GroupId], effects: list[Effect]
+) -> CoordinatorState:
+    """Under the sticky rule, a change in one partition's group can move the target of a
+    sibling the command did not touch: step those active consumers down (adds to
+    ``effects``, and their keys to ``changed``), so that every partition follows the
+    assignment."""
+    for gid in off_target(after, changed):
+        changed.add(gid)
+        group, changes = _rebalance(after, gid, after.groups[gid])
+        after = _with_group(after, gid, group)
+        effects += changes
+    return after
 
 
 def _remove_connections(
@@ -521,61 +554,8 @@ def _remove_connections(
     for gid in sorted(state.groups):
         group, removed = state.groups[gid].without(lambda c: c.connection in connections)
         if removed:
-            group, changes = _after_removal(gid, group, any(c.counts_as_active for c in removed))
+            active_removed = any(c.counts_as_active for c in removed)
+            group, changes = _after_removal(state, gid, group, active_removed)
             state = _with_group(state, gid, group)
             effects += changes
     return state, effects
-
-
-def _with_bookkeeping(
-    before: CoordinatorState,
-    after: CoordinatorState,
-    command: Command,
-    effects: list[Effect],
-) -> list[Effect]:
-    """Add the watches and timer cancels that follow from the change of membership.
-
-    A connection is watched while it has consumers. Its disconnected timer is cancelled
-    when it has no disconnected consumer left, unless that timer is the one firing now.
-    """
-    # Only the groups the command replaced can change membership or connectivity, and
-    # only connections found in them need a look at the others: a registration costs a
-    # scan of its own group, not of every consumer (bench/coordinator.py).
-    b, a = before.groups, after.groups
-    changed = changed_group_ids(b, a)
-    if not changed:
-        return effects
-
-    def in_changed(groups: Mapping[GroupId, Group], disconnected: bool) -> set[str]:
-        return {
-            c.connection
-            for gid in changed
-            if (g := groups.get(gid)) is not None
-            for c in g.consumers
-            if not disconnected or c.is_disconnected
-        }
-
-    def elsewhere(connection: str, disconnected: bool) -> bool:
-        """``connection`` has a (disconnected) consumer in a group the command left alone."""
-        return any(
-            c.connection == connection and (not disconnected or c.is_disconnected)
-            for gid, g in a.items()
-            if gid not in changed
-            for c in g.consumers
-        )
-
-    old, new = in_changed(b, False), in_changed(a, False)
-    watched = [c for c in sorted(new - old) if not elsewhere(c, False)]
-    unwatched = [c for c in sorted(old - new) if not elsewhere(c, False)]
-    fired = command.connection if isinstance(command, DisconnectedTimeout) else None
-    settled = [
-        c
-        for c in sorted(in_changed(b, True) - in_changed(a, True))
-        if c != fired and not elsewhere(c, True)
-    ]
-    return [
-        *(WatchConnection(c) for c in watched),
-        *effects,
-        *(CancelTimer(DisconnectedTimeout(c)) for c in settled),
-        *(UnwatchConnection(c) for c in unwatched),
-    ]

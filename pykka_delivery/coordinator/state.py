@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pykka_delivery._fields import check_field_types
+from pykka_delivery.coordinator.assignment import PARTITION_ASSIGNMENTS
 
 __all__ = [
     "SIMPLE",
@@ -172,7 +173,8 @@ class Group:
     ``partition_index`` is `SIMPLE` (-1) for a simple group, or the partition's index
     (0 and up) in a super stream; it is fixed when the group is created. Order matters: a
     simple group's active consumer is the first eligible one, a partitioned group's is
-    ``eligible[partition_index % len(eligible)]``.
+    ``eligible[partition_index % len(eligible)]`` under the modulo rule (the sticky rule,
+    the default, looks at the sibling groups too: coordinator/sticky.py).
 
     ``last_epoch`` is the fencing epoch of the group's latest activation: the next one
     takes ``last_epoch + 1`` (`activated`), so epochs only grow within a group.
@@ -227,7 +229,8 @@ class Group:
         A disconnected consumer that counts as active (DA, or DD: decision D12) is always
         chosen: it may still be consuming, and telling another consumer to start could
         make two active ones. Otherwise the first eligible consumer (simple group) or
-        ``eligible[partition_index % len(eligible)]``.
+        ``eligible[partition_index % len(eligible)]`` (the modulo rule; the machine asks
+        `sticky.sticky_choice` instead under the sticky one).
         """
         blocking = self.blocking()
         if blocking is not None:
@@ -293,11 +296,17 @@ class CoordinatorSettings:
             `pykka_delivery.partitions.config.PartitionsSettings.max_partitions` (a
             test pins that they agree), for the same reason: each partition costs a
             producer per group and a group per consumer group.
+        partition_assignment: how the partitions of a partitioned consumer group are
+            shared by its members: ``"sticky"`` (default: a join or leave moves only as
+            many partitions as balance needs, `assignment.sticky_assignment`) or
+            ``"modulo"`` (RabbitMQ's rule, ``eligible[partition_index % len(eligible)]``,
+            which moves about every partition). Decision D14 in docs/coordinator.md.
     """
 
     disconnected_timeout: float = 20.0
     recovery_min_delay: float = 10.0
     max_partitions: int = 1024
+    partition_assignment: str = "sticky"
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -311,6 +320,17 @@ class CoordinatorSettings:
             type(self.max_partitions) is int and self.max_partitions >= 1,
             f"max_partitions must be a whole number of 1 or more, got {self.max_partitions!r}",
         )
+        _require(
+            self.partition_assignment in PARTITION_ASSIGNMENTS,
+            f"partition_assignment must be one of "
+            f"{', '.join(map(repr, PARTITION_ASSIGNMENTS))}, got {self.partition_assignment!r}: "
+            f"'sticky' moves the fewest partitions, 'modulo' is RabbitMQ's rule",
+        )
+
+    @property
+    def sticky(self) -> bool:
+        """Whether partitioned groups share their partitions by the sticky rule."""
+        return self.partition_assignment == "sticky"
 
 
 def changed_group_ids(

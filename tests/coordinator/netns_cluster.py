@@ -75,6 +75,8 @@ class Cluster:
             "coordinator", *PROCS, "coordinator", "--host", c.address,
             "--port", str(COORDINATOR_PORT),
             "--disconnected-timeout", str(disconnected_timeout), *keepalive,
+            # The scenarios place partitions by RabbitMQ's rule (the i-th joined modulo n).
+            "--partition-assignment", "modulo",
         )  # fmt: skip
         self.procs["coordinator"] = coordinator
         coordinator.ready()

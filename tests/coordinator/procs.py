@@ -199,7 +199,11 @@ def _join(threads: Sequence[threading.Thread]) -> None:
 
 def coordinator(args: argparse.Namespace) -> None:
     timeout = args.disconnected_timeout
-    settings = CoordinatorSettings(disconnected_timeout=timeout, recovery_min_delay=timeout)
+    settings = CoordinatorSettings(
+        disconnected_timeout=timeout,
+        recovery_min_delay=timeout,
+        partition_assignment=args.partition_assignment,
+    )
     server_settings = CoordinatorServerSettings(
         host=args.host,
         port=args.port,
@@ -433,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub.add_argument("--host", default="127.0.0.1", help="the address to bind")
     sub.add_argument("--keepalive-time", type=float, default=10.0, help="server pings, s")
     sub.add_argument("--keepalive-timeout", type=float, default=5.0, help="ping answer, s")
+    sub.add_argument("--partition-assignment", default="sticky", help="sticky or modulo")
     sub.set_defaults(run=coordinator)
 
     sub = commands.add_parser("produce", help="a producer per stream on one node")

@@ -49,7 +49,10 @@ from pykka_delivery.delivery.timers import TimerService, _Entry
 T = TypeVar("T")
 
 TIMEOUT = 0.2  # the disconnected timeout of these tests, seconds
-SETTINGS = CoordinatorSettings(disconnected_timeout=TIMEOUT, recovery_min_delay=TIMEOUT)
+SETTINGS = CoordinatorSettings(
+    disconnected_timeout=TIMEOUT, recovery_min_delay=TIMEOUT, partition_assignment="modulo"
+)
+"""Modulo placement: a second consumer of one partition takes it over (a step-down)."""
 WAIT = 5.0  # the most any `eventually` waits
 
 

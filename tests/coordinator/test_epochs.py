@@ -35,6 +35,8 @@ from pykka_delivery.coordinator.store import (
 
 GID = GroupId("ns", "orders", "app")
 PARTITION = GroupId("ns", "orders-1", "app")
+MODULO = CoordinatorSettings(partition_assignment="modulo")
+"""RabbitMQ's placement: a second consumer of one partition takes it over (a step-down)."""
 
 
 def register(connection: str, gid: GroupId = GID, index: int = -1) -> RegisterConsumer:
@@ -109,7 +111,7 @@ def test_the_next_active_consumer_of_a_group_takes_the_next_epoch() -> None:
 
 
 def test_a_step_down_names_the_epoch_it_ends_and_its_answer_activates_the_next_epoch() -> None:
-    state, _ = run(initial_state(), register("a", PARTITION, 1))
+    state, _ = run(initial_state(MODULO), register("a", PARTITION, 1))
     state, effects = run(state, register("b", PARTITION, 1))  # b is now the chosen one
     assert updates(effects) == [("a", False, 1)]
 
@@ -122,7 +124,7 @@ def test_an_answer_naming_an_older_epoch_than_the_pending_step_down_changes_noth
     """a stepped down from epoch 1, was made active again (epoch 2) and is told to step
     down again: its late answer to the first step-down must not hand over while it may
     still be finishing epoch 2."""
-    state, _ = run(initial_state(), register("a", PARTITION, 1), register("b", PARTITION, 1))
+    state, _ = run(initial_state(MODULO), register("a", PARTITION, 1), register("b", PARTITION, 1))
     state, _ = run(state, unregister("b", PARTITION))  # a's step-down is still pending (epoch 1)
     state, effects = run(state, answer("a", 1, PARTITION))
     assert updates(effects) == [("a", True, 2)]
@@ -136,7 +138,7 @@ def test_an_answer_naming_an_older_epoch_than_the_pending_step_down_changes_noth
 
 
 def test_an_answer_without_an_epoch_is_not_checked() -> None:
-    state, _ = run(initial_state(), register("a", PARTITION, 1), register("b", PARTITION, 1))
+    state, _ = run(initial_state(MODULO), register("a", PARTITION, 1), register("b", PARTITION, 1))
 
     state, effects = run(state, answer("a", 0, PARTITION))
 
@@ -204,11 +206,11 @@ def test_replaying_the_commands_gives_the_same_epochs() -> None:
         register("e", PARTITION, 1),
         answer("d", 3, PARTITION),
     ]
-    state = initial_state()
+    state = initial_state(MODULO)
     for command in commands:
         state = apply(state, command).state
 
-    again = replay(commands)
+    again = replay(commands, initial_state(MODULO))
 
     assert again == state
     # The partition's group was created after a removal: it starts above the floor too.

@@ -61,6 +61,7 @@ from pykka_delivery.coordinator import (
     ConnectionReconnected,
     Connectivity,
     Consumer,
+    CoordinatorSettings,
     CoordinatorState,
     DisconnectedTimeout,
     Effect,
@@ -93,13 +94,17 @@ INDEXES = {
     GroupId("/", "s3", "app"): 2,
 }
 GROUP_IDS = sorted(INDEXES)
+# The partitions of one partitioned group ("p" of consumer name "app"): siblings, which
+# the sticky rule assigns together. Only the rule-based machine uses them.
+FAMILY = {GroupId("/", f"p-{index}", "app"): index for index in range(3)}
+INDEXES.update(FAMILY)
 NODES = {"c0": "n0", "c1": "n0", "c2": "n1", "c3": "n1"}
 CONNECTIONS = sorted(NODES)
 SUBSCRIPTIONS = (0, 1, 2)
 
 Member = tuple[GroupId, str, int]
 
-group_ids = st.sampled_from(GROUP_IDS)
+group_ids = st.sampled_from(sorted(INDEXES))
 connections = st.sampled_from(CONNECTIONS)
 subscriptions = st.sampled_from(SUBSCRIPTIONS)
 indexes = st.sampled_from((SIMPLE, 0, 1, 2))
@@ -177,11 +182,14 @@ def assert_consumers_agree(state: CoordinatorState, told: dict[Member, bool]) ->
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
-    """The coordinator machine driven by random commands, with a model of its world."""
+    """The coordinator machine driven by random commands, with a model of its world, under
+    the sticky rule (the default; `ModuloCoordinatorMachine`: RabbitMQ's rule)."""
+
+    assignment = "sticky"
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = initial_state()
+        self.state = initial_state(CoordinatorSettings(partition_assignment=self.assignment))
         self.log: list[Command] = []
         self.members: set[Member] = set()
         self.told: dict[Member, bool] = {}  # last update: True active, False step down
@@ -494,7 +502,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule(timeout=st.sampled_from((5.0, 60.0)))
     def update_settings(self, timeout: float) -> None:
-        self.apply(UpdateSettings(disconnected_timeout=timeout))
+        self.apply(
+            UpdateSettings(disconnected_timeout=timeout, partition_assignment=self.assignment)
+        )
 
     @rule(seconds=st.sampled_from((0.0, 20.0, 120.0)))
     def recover(self, seconds: float) -> None:
@@ -580,16 +590,25 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert self.watched == self.state.connections()
 
     def teardown(self) -> None:
-        assert replay(self.log) == self.state
+        start = initial_state(CoordinatorSettings(partition_assignment=self.assignment))
+        assert replay(self.log, start) == self.state
 
 
-CoordinatorMachine.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+class ModuloCoordinatorMachine(CoordinatorMachine):
+    """The same machine and invariants under RabbitMQ's modulo rule."""
+
+    assignment = "modulo"
+
+
+for _machine in (CoordinatorMachine, ModuloCoordinatorMachine):
+    _machine.TestCase.settings = settings(
+        max_examples=300,
+        stateful_step_count=50,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 TestCoordinatorMachine = CoordinatorMachine.TestCase
+TestModuloCoordinatorMachine = ModuloCoordinatorMachine.TestCase
 
 
 # --- determinism of the command log ------------------------------------------------------------

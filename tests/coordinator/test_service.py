@@ -82,8 +82,9 @@ def serve() -> Iterator[Serve]:
     started: list[tuple[CoordinatorServer, pykka.ActorRef[Any]]] = []
 
     def start(timeout: float = TIMEOUT, **settings: Any) -> CoordinatorServer:
+        # Modulo placement: a second consumer of one partition takes it over (a step-down).
         coordinator_settings = CoordinatorSettings(
-            disconnected_timeout=timeout, recovery_min_delay=timeout
+            disconnected_timeout=timeout, recovery_min_delay=timeout, partition_assignment="modulo"
         )
         actor = CoordinatorActor.start(settings=coordinator_settings)
         server = CoordinatorServer(actor, CoordinatorServerSettings(**settings)).start()

@@ -318,7 +318,12 @@ def test_partitioned_group_spreads_by_modulo_with_hand_overs(spawn: Spawn, tmp_p
     (the machine's rule), reached through step-downs while the producers keep sending:
     the old consumer stops, answers, and only then the new one starts."""
     deadline = time.monotonic() + 40.0
-    coordinator = spawn("coordinator", *PROCS, "coordinator", "--disconnected-timeout", "2")
+    coordinator = spawn(
+        "coordinator",
+        *PROCS,
+        "coordinator",
+        *("--disconnected-timeout", "2", "--partition-assignment", "modulo"),
+    )
     address = coordinator.ready(left(deadline))
     streams = [f"invoices-{i}" for i in range(PARTITIONS)]
     producer = spawn(
