@@ -21,6 +21,9 @@ Measured in the same run:
   ``PIPELINED_THREADS`` threads per connection, each registering its share of the groups
   (a client with many subscriptions registering at once: a partitioned group's member,
   a reconnect), whose requests the server carries out together (``stream_pipeline``).
+  ``coordinator_us_per_registration`` / ``clients_us_per_registration``: the CPU the
+  coordinator's process / the clients' processes used per registration (less noisy
+  than the rate on a shared machine).
 * ceiling ``machine``: the same commands through the pure `apply`, in memory, in this
   process (no actor, no log, no I/O); and, in between, the same commands told to a
   `CoordinatorActor` in this process all at once (with a ``reply_to``, as the service
@@ -476,6 +479,7 @@ def service_rate(
         "coordinator_cpu": cpu_coordinator / seconds,
         "clients_cpu": cpu_self / seconds,
         "coordinator_us": cpu_coordinator / registered * 1e6,
+        "clients_us": cpu_self / registered * 1e6,
     }
 
 
@@ -525,6 +529,7 @@ def _service_rate_from_processes(
         "coordinator_cpu": cpu_coordinator / seconds,
         "clients_cpu": sum(d["cpu"] for d in done) / seconds,
         "coordinator_us": cpu_coordinator / registered * 1e6,
+        "clients_us": sum(d["cpu"] for d in done) / registered * 1e6,
     }
 
 
@@ -620,15 +625,18 @@ def measure_registrations(
         postgres_run = _median_run(results["postgres"])
         figures["registrations_per_s_postgres"] = postgres_run["per_s"]
         figures["coordinator_us_per_registration_postgres"] = postgres_run["coordinator_us"]
+        figures["clients_us_per_registration_postgres"] = postgres_run["clients_us"]
     if results["sqlite_pipelined"]:
         pipelined_run = _median_run(results["sqlite_pipelined"])
         figures["registrations_per_s_sqlite_pipelined"] = pipelined_run["per_s"]
         figures["coordinator_us_per_registration_pipelined"] = pipelined_run["coordinator_us"]
+        figures["clients_us_per_registration_pipelined"] = pipelined_run["clients_us"]
     figures["registrations_vs_machine"] = sqlite["per_s"] / machine["per_s"]
     figures["client_processes"] = processes
     figures["coordinator_cpu_share"] = sqlite["coordinator_cpu"]
     figures["clients_cpu_share"] = sqlite["clients_cpu"]
     figures["coordinator_us_per_registration"] = sqlite["coordinator_us"]
+    figures["clients_us_per_registration"] = sqlite["clients_us"]
     figures["machine_us_first_tenth"] = machine["first_us"]
     figures["machine_us_last_tenth"] = machine["last_us"]
     for key, value in figures.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -57,6 +58,17 @@ class _Unavailable(Exception):
     """The coordinator actor did not answer (stopped, or slower than request_timeout)."""
 
 
+@dataclass(slots=True)
+class _Answer:
+    """A request's place in a stream's outbox: the actor's answer to come (``outcome``),
+    or its reply already made (``message``: an invalid request)."""
+
+    request_id: int
+    what: str  # the request's name, for errors
+    outcome: asyncio.Future[Any] | None
+    message: pb.ServerMessage | None = None
+
+
 async def _read(
     server: CoordinatorServer, context: grpc.aio.ServicerContext[Any, Any]
 ) -> pb.ClientMessage | None:
@@ -88,10 +100,8 @@ class _Stream:
         self.node = hello.node or context.peer()
         self.owner = hello.owner
         self.probe_address = hello.probe_address
-        # Replies (as the tasks that make them, in request order) and the actor's updates.
-        self.outbox: asyncio.Queue[pb.ServerMessage | asyncio.Task[pb.ServerMessage] | None] = (
-            asyncio.Queue()
-        )
+        # Replies (as `_Answer`s, in request order) and the actor's updates.
+        self.outbox: asyncio.Queue[pb.ServerMessage | _Answer | None] = asyncio.Queue()
         self.in_flight = asyncio.Semaphore(server.settings.stream_pipeline)
         self.failure: _Unavailable | None = None  # a request failed: the stream ends
         self.sink = _Sink(asyncio.get_running_loop(), self.outbox, server)
@@ -205,38 +215,60 @@ class _Stream:
         if kind == "positions":  # no reply
             self.server._report_positions(self.connection, message.positions)
         else:
-            # Carried out at once (the actor gets requests in stream order: a task's first
-            # step tells it), answered in order by the writer.
+            # Carried out at once (the actor gets requests in stream order), answered in
+            # order by the writer.
             await self.in_flight.acquire()
-            self.outbox.put_nowait(asyncio.ensure_future(self._answer(message)))
+            self.outbox.put_nowait(self._start(message))
         return False
 
-    async def _answer(self, message: pb.ClientMessage) -> pb.ServerMessage:
-        self.server._counters.requests += 1
+    def _start(self, message: pb.ClientMessage) -> _Answer:
+        """Tell or ask the actor ``message``'s request now; its place in the outbox. No
+        task per request: the writer awaits the actor's answer (`_reply`)."""
+        server = self.server
+        server._counters.requests += 1
+        request_id = message.request_id
         request: Any
-        execute = False  # a command: told, answered after its group commit
         try:
             if message.WhichOneof("body") in wire.DIRECTORY_REQUESTS:
                 request = wire.directory_request_of(message, self.connection, self.node)
-                what = type(request).__name__
+                execute = False
             else:
                 request = wire.command_of(message, self.connection, self.node, self.owner)
-                what, execute = type(request).__name__, True
+                execute = True  # a command: told, answered after its group commit
         except ValueError as error:
-            return wire.invalid_request_message(message.request_id, str(error))
-        self.server._raise_unless_leading()
+            return _Answer(
+                request_id, "", None, wire.invalid_request_message(request_id, str(error))
+            )
+        what = type(request).__name__
         try:
-            reply = await (self.server._execute if execute else self.server._ask)(request)
+            server._raise_unless_leading()
+            outcome = server._tell_execute(request) if execute else server._ask_soon(request)
+        except Exception as error:  # not leading, the actor stopped: answered in order
+            outcome = asyncio.get_running_loop().create_future()
+            outcome.set_exception(error)
+        return _Answer(request_id, what, outcome)
+
+    async def _reply(self, answer: _Answer) -> pb.ServerMessage:
+        """``answer``'s reply, once the actor has given it.
+
+        Raises:
+            _Unavailable: the actor is stopped, too slow, or failed on the request.
+        """
+        if answer.outcome is None:
+            assert answer.message is not None
+            return answer.message
+        try:
+            reply = await self.server._outcome(answer.outcome, answer.what)
         except _Unavailable:
             raise
         except Exception as error:  # the actor failed on it: its store, most likely
-            logger.exception("The coordinator failed on %s", what)
+            logger.exception("The coordinator failed on %s", answer.what)
             msg = (
-                f"the coordinator failed on {what}: {error} (see its log; "
+                f"the coordinator failed on {answer.what}: {error} (see its log; "
                 "the request was not applied and is sent again when the stream reopens)"
             )
             raise _Unavailable(msg) from error
-        return wire.reply_message(message.request_id, reply)
+        return wire.reply_message(answer.request_id, reply)
 
     async def _write(self) -> None:
         counters = self.server._counters
@@ -244,9 +276,9 @@ class _Stream:
             item = await self.outbox.get()
             if item is None:
                 return
-            if isinstance(item, asyncio.Task):
+            if isinstance(item, _Answer):
                 try:
-                    message = await item
+                    message = await self._reply(item)
                 except _Unavailable as error:  # the reader ends the stream with it
                     self.failure = error
                     if self.task is not None:
@@ -270,9 +302,10 @@ def _cancel_answers(outbox: asyncio.Queue[Any]) -> None:
     were told to the actor and stand; only their replies are dropped."""
     while not outbox.empty():
         item = outbox.get_nowait()
-        if isinstance(item, asyncio.Task):
-            if item.done():
-                if not item.cancelled():
-                    item.exception()  # seen: no "never retrieved" warning
+        if isinstance(item, _Answer) and item.outcome is not None:
+            outcome = item.outcome
+            if outcome.done():
+                if not outcome.cancelled():
+                    outcome.exception()  # seen: no "never retrieved" warning
             else:
-                item.cancel()
+                outcome.cancel()

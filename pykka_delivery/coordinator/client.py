@@ -89,6 +89,7 @@ from pykka_delivery.coordinator._client_stream import (
     Listener,
     hosted_by,
 )
+from pykka_delivery.coordinator._handoff import LoopHandoff
 from pykka_delivery.coordinator.client_errors import (
     ConnectionRejected,
     CoordinatorRefused,
@@ -174,6 +175,8 @@ class CoordinatorClient(LagClient):
         self._attachment = Attachment(addresses[0], self.connection_id, self.settings, self._loop)
         # Owned by the client's thread (request ids excepted):
         self._requests = Requests(self.connection_id, self.settings, self._loop)
+        # Requests of several threads posted together wake the loop once.
+        self._submissions = LoopHandoff(self._loop, self._requests.submit)
         self._reports = PositionReports(self.settings, self._requests, self._loop)
         self._connection = Connection(
             addresses,
@@ -549,7 +552,7 @@ class CoordinatorClient(LagClient):
         try:
             if self._closed:
                 raise RuntimeError
-            self._loop.call_soon_threadsafe(self._requests.submit, request)
+            self._submissions.hand(request)
         except RuntimeError:  # closed, or closing meanwhile (the loop is closed)
             fail(request, ClosedError("CoordinatorClient is closed"))
 

@@ -47,7 +47,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -58,7 +58,7 @@ import pykka
 from pykka_delivery import _observed
 from pykka_delivery.coordinator import lag_wire, wire
 from pykka_delivery.coordinator._loop_end import finish_loop
-from pykka_delivery.coordinator._replies import ReplyHandoff
+from pykka_delivery.coordinator._replies import Expired, Expiry, ReplyHandoff
 from pykka_delivery.coordinator._service_stream import _read, _Stream, _Unavailable
 from pykka_delivery.coordinator._serving_gate import SERVICE_NAME, ServingGate, always, never
 from pykka_delivery.coordinator.actor import (
@@ -281,6 +281,7 @@ class CoordinatorServer(ServingGate):
         self._streams: dict[str, _Stream] = {}  # the newest stream of each connection (loop)
         self._loop = asyncio.new_event_loop()
         self._replies = ReplyHandoff(self._loop)  # the actor's answers to told commands
+        self._expiry = Expiry(self._loop, self.settings.request_timeout)
         # Probes the processes of lost connections, on this loop (the actor is told).
         self._prober = GrpcProber(self._loop, self.settings, self._counters.count_probe)
         self._thread = threading.Thread(
@@ -427,63 +428,56 @@ class CoordinatorServer(ServingGate):
         Raises:
             _Unavailable: the actor is stopped or did not answer within request_timeout.
         """
-        timeout = self.settings.request_timeout
+        return await self._outcome(self._ask_soon(message), type(message).__name__)
+
+    def _ask_soon(self, message: Any) -> asyncio.Future[Any]:
+        """Ask the actor ``message`` now; the future of its answer, waited for off the loop
+        (see `_outcome`)."""
         coordinator = self.coordinator
         if coordinator is None:  # a follower: refused before it gets here
             msg = "this coordinator does not lead"
             raise _Unavailable(msg)
         future = coordinator.ask(message, block=False)
-        try:
-            return await self._loop.run_in_executor(
-                self._asks, partial(future.get, timeout=timeout)
-            )
-        except pykka.ActorDeadError:
-            msg = "the coordinator is stopped: try again later"
-            raise _Unavailable(msg) from None
-        except pykka.Timeout:
-            msg = f"the coordinator did not answer {type(message).__name__} within {timeout} s"
-            raise _Unavailable(msg) from None
+        timeout = self.settings.request_timeout
+        return self._loop.run_in_executor(self._asks, partial(future.get, timeout=timeout))
 
-    async def _execute(self, command: Command) -> Reply:
-        """The actor's reply to ``command``, once stored: the actor answers through a
-        callback after its group commit (`ReplyHandoff`), with no thread-pool hop;
-        bounded by request_timeout.
+    def _tell_execute(self, command: Command) -> asyncio.Future[Reply]:
+        """Tell the actor ``command`` now; the future of its reply, once stored (see
+        `_outcome`): the actor answers through a callback after its group commit
+        (`ReplyHandoff`), with no thread-pool hop; bounded by request_timeout (`Expiry`).
 
         Raises:
-            _Unavailable: the actor is stopped or did not answer within request_timeout.
-            Exception: the actor's, when it could not store the command.
+            _Unavailable: this coordinator is a follower.
+            pykka.ActorDeadError: the actor is stopped.
         """
         coordinator = self.coordinator
         if coordinator is None:  # a follower: refused before it gets here
             msg = "this coordinator does not lead"
             raise _Unavailable(msg)
         future: asyncio.Future[Reply] = self._loop.create_future()
-        timeout = self.settings.request_timeout
-        # A timer on the future itself: asyncio.wait_for costs a second future and more
-        # callbacks, on every request.
-        expiry = self._loop.call_later(timeout, _expire, future)
+        self._expiry.add(future)
+        coordinator.tell(Execute(command, self._replies.reply_to(future)))
+        return future
+
+    async def _outcome(self, future: Awaitable[Any], what: str) -> Any:
+        """The result of a future of `_ask_soon` or `_tell_execute` (``what``: the request's
+        name, for the error).
+
+        Raises:
+            _Unavailable: the actor is stopped or did not answer within request_timeout.
+            Exception: the actor's, when it failed on the request (its store, most likely).
+        """
         try:
-            coordinator.tell(Execute(command, self._replies.reply_to(future)))
             return await future
         except pykka.ActorDeadError:
             msg = "the coordinator is stopped: try again later"
             raise _Unavailable(msg) from None
-        except _Expired:
-            msg = f"the coordinator did not answer {type(command).__name__} within {timeout} s"
+        except (pykka.Timeout, Expired):
+            timeout = self.settings.request_timeout
+            msg = f"the coordinator did not answer {what} within {timeout} s"
             raise _Unavailable(msg) from None
-        finally:
-            expiry.cancel()
 
     def _tell(self, message: Any) -> None:
         """Send ``message`` without waiting for the answer (from any thread)."""
         if self.coordinator is not None:
             self.coordinator.ask(message, block=False)  # a dead actor: the future holds it
-
-
-class _Expired(Exception):
-    """A told command's answer did not come within request_timeout."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
