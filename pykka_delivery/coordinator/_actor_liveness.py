@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ __all__ = ["Liveness"]
 logger = logging.getLogger("pykka_delivery.coordinator")
 
 
-class Liveness:
+class Liveness(ABC):
     """Probes lost connections and sweeps stale ones (see the actor's docstring)."""
 
     actor_ref: pykka.ActorRef[Any]
@@ -35,14 +36,19 @@ class Liveness:
     _detached_since: dict[str, float]
     _monotonic: Callable[[], float]
 
+    # Given by the actor (`CoordinatorActor`), which this mix-in is part of.
+
+    @abstractmethod
     def _submit(self, command: Command) -> Reply:
-        raise NotImplementedError
+        """Apply and store ``command`` now (the actor's own commands)."""
 
+    @abstractmethod
     def _count(self, **increments: int) -> None:
-        raise NotImplementedError
+        """Add to the server statistics' counters."""
 
+    @abstractmethod
     def _connection_down(self, connection: str) -> None:
-        raise NotImplementedError
+        """``connection``'s process is gone: apply `ConnectionDown` and drop its entries."""
 
     def _probe(self, connection: str) -> None:
         """Ask the node of ``connection`` (no sink) whether its process is gone."""
