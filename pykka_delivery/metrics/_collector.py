@@ -220,6 +220,7 @@ def _add_producer(
             ("pykka_delivery_messages_stored", s.stored),
             ("pykka_delivery_messages_lost_on_close", s.lost_on_close),
             ("pykka_delivery_producer_protocol_errors", s.rejected),
+            ("pykka_delivery_producer_fenced", s.fenced),
             ("pykka_delivery_producer_stuck", s.stuck),
             ("pykka_delivery_producer_in_flight", snap.in_flight),
             (

@@ -96,6 +96,12 @@ SPECS: tuple[Spec, ...] = (
     _counter(
         "producer_protocol_errors", "Inputs the producer refused as protocol misuse.", _PRODUCER
     ),
+    _counter(
+        "producer_fenced",
+        "Registrations, requests and acks of a consumer of an older fencing epoch, refused "
+        "and answered Fenced.",
+        _PRODUCER,
+    ),
     _gauge(
         "producer_stuck",
         "Messages unconfirmed longer than stuck_after at the last check.",

@@ -95,6 +95,34 @@ def test_a_scrape_shows_the_messages_a_producer_sent_and_a_consumer_confirmed(
     producer.close()
 
 
+def test_a_scrape_counts_the_registrations_a_producer_refused_for_an_older_epoch(
+    endpoint: metrics.MetricsServer, nodes: tuple[Node, Node]
+) -> None:
+    a, b = nodes
+    producer = Producer("scrape-fenced", self_ref_factory=a.expose("scrape-fenced"))
+    newer = Consumer(self_ref_factory=b.expose("scrape-newer"), epoch=2)
+    newer.register_to(b.ref(f"{a.address}/scrape-fenced"))
+    wait_until(lambda: producer.snapshot().epoch == 2, "the epoch-2 registration", WAIT)
+    older = Consumer(self_ref_factory=b.expose("scrape-older"), epoch=1)
+    older.register_to(b.ref(f"{a.address}/scrape-fenced"))
+
+    wait_until(
+        lambda: (
+            value(
+                scrape(endpoint),
+                "pykka_delivery_producer_fenced_total",
+                producer_id="scrape-fenced",
+            )
+            == 1
+        ),
+        "the refused epoch-1 registration counted",
+        WAIT,
+    )
+    older.close()
+    newer.close()
+    producer.close()
+
+
 def test_a_scrape_shows_frames_and_bytes_per_link_between_two_nodes(
     endpoint: metrics.MetricsServer, nodes: tuple[Node, Node]
 ) -> None:
