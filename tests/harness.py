@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
+import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pykka_delivery.delivery.core.consumer import ConsumerCore
@@ -312,3 +316,19 @@ def wait_until(
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
         time.sleep(0.01)
+
+
+def bench_figures(script: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``bench/<script>`` with ``args`` from the project's root; its final JSON line.
+    Fails (naming its output) unless it exits with 0."""
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures

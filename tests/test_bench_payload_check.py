@@ -3,26 +3,12 @@ process is written once (its ``user_writes_per_message``). No timing is judged h
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import bench_figures
 
 
 def test_the_payload_check_bench_reports_one_write_per_message_and_every_figure() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/payload_check.py", "--messages", "200", "--runs", "1"],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    figures = bench_figures("payload_check.py", "--messages", "200", "--runs", "1")
 
-    assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["user_writes_per_message"] == 1.0
     kinds = ("dict", "protobuf", "bytes", "user")
     assert [kind for kind in kinds if not figures[f"{kind}_total_ns"] > 0] == []

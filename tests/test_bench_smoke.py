@@ -6,14 +6,9 @@ only that every route ran, delivered, and reported.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import bench_figures
 
 KEYS = [
     # named by issue 3
@@ -43,16 +38,7 @@ KEYS = [
 
 @pytest.mark.slow
 def test_the_p2p_grpc_bench_runs_every_route_and_prints_its_json_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/p2p_grpc.py", "--quick"],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = bench_figures("p2p_grpc.py", "--quick", timeout=110)
     assert [key for key in KEYS if not figures.get(key, 0) > 0] == []
     # Measured for the ceiling to batch alike; a window of 500 caps a frame at 500.
     assert 0 < figures["msgs_per_frame"] <= 500
