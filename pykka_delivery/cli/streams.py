@@ -1,10 +1,11 @@
-"""``pykka-delivery streams``: the coordinator's stream catalog with partition counts, and
-the producers (from the lag reports) and consumer groups of each stream."""
+"""``pykka-delivery streams``: the coordinator's stream catalog with partition counts, the
+producers registered in it (name, address, partitions served), and the producers (from
+the lag reports) and consumer groups of each stream."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ class StreamRow:
         groups: the consumer groups registered on it (any partition).
         producers: the producer ids that reported positions for it (None: this
             coordinator cannot say).
+        registered: the producers registered in the catalog for it, as (name, address,
+            partitions served), sorted by name.
     """
 
     namespace: str
@@ -44,6 +47,7 @@ class StreamRow:
     partitions: int | None
     groups: set[str] = field(default_factory=set)
     producers: set[str] | None = field(default_factory=set)
+    registered: list[tuple[str, str, int]] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
         return {
@@ -53,19 +57,35 @@ class StreamRow:
             "in_catalog": self.partitions is not None,
             "groups": sorted(self.groups),
             "producers": None if self.producers is None else sorted(self.producers),
+            "registered_producers": [
+                {"name": name, "address": address, "partitions": partitions}
+                for name, address, partitions in self.registered
+            ],
         }
+
+    def registered_text(self) -> str:
+        """The registered producers for a table cell: ``"web-1 at host:port (4)"``."""
+        return (
+            ", ".join(f"{name} at {address} ({count})" for name, address, count in self.registered)
+            or "-"
+        )
 
 
 def stream_rows(
     catalog: Iterable[tuple[str, str, int]],
     groups: Iterable[tuple[str, str, int, str]],
     producers: Iterable[tuple[str, str, int, str]] | None,
+    registered: Mapping[tuple[str, str], Iterable[tuple[str, str, int]]] | None = None,
 ) -> list[StreamRow]:
     """The streams of ``catalog`` (namespace, name, partitions), with the ``groups`` and
     ``producers`` (namespace, stream, partition index, name) on each; a stream they name
-    that the catalog lacks is listed too, without a partition count."""
+    that the catalog lacks is listed too, without a partition count. ``registered``: the
+    producers registered in the catalog per (namespace, stream), as (name, address,
+    partitions)."""
+    registered = registered or {}
     rows: dict[tuple[str, str], StreamRow] = {
-        (ns, name): StreamRow(ns, name, partitions) for ns, name, partitions in catalog
+        (ns, name): StreamRow(ns, name, partitions, registered=list(registered.get((ns, name), ())))
+        for ns, name, partitions in catalog
     }
 
     def row_of(namespace: str, name: str, index: int) -> StreamRow:
@@ -103,8 +123,9 @@ def _lag_or_none(
 @coordinator_options
 @logging_options(QUIET)
 def streams(*, namespace: str | None, as_json: bool, coordinator: CoordinatorOptions) -> None:
-    """The stream catalog: each stream's partition count, and the producers and consumer
-    groups on it. Streams that groups or producers use without a catalog entry are
+    """The stream catalog: each stream's partition count, the producers registered in it
+    (name, address, partitions served), and the producers that reported positions and
+    the consumer groups on it. Streams that groups or producers use without a catalog entry are
     listed too, with no partition count."""
     timeout = coordinator.timeout
     with coordinator_client(coordinator) as client:
@@ -117,6 +138,12 @@ def streams(*, namespace: str | None, as_json: bool, coordinator: CoordinatorOpt
         None
         if lag is None
         else ((r.namespace, r.stream, r.partition_index, r.producer_id) for r in lag),
+        {
+            (s.stream.namespace, s.stream.name): [
+                (p.name, p.address, p.partitions) for p in s.producers
+            ]
+            for s in catalog
+        },
     )
     if as_json:
         print_json({"streams": [row.document() for row in rows]})
@@ -124,12 +151,13 @@ def streams(*, namespace: str | None, as_json: bool, coordinator: CoordinatorOpt
     console().print(
         table(
             "Streams",
-            ("NAMESPACE", "STREAM", "PARTITIONS", "GROUPS", "PRODUCERS"),
+            ("NAMESPACE", "STREAM", "PARTITIONS", "REGISTERED PRODUCERS", "GROUPS", "PRODUCERS"),
             [
                 (
                     r.namespace or '""',
                     r.stream,
                     "not in catalog" if r.partitions is None else str(r.partitions),
+                    r.registered_text(),
                     ", ".join(sorted(r.groups)) or "-",
                     "?" if r.producers is None else ", ".join(sorted(r.producers)) or "-",
                 )

@@ -11,8 +11,10 @@ to connection sinks, timers) and appends every state-changing command to a `Comm
 (`SqliteCommandLog` for one durable file) before carrying out its effects. It also keeps
 the service directory (`ServiceDirectory`) that work pulling across processes uses as its
 registry, and the stream catalog (`CreateStream`, `list_streams`): partitioned streams
-created and grown at run time. Lag as data: clients report positions (`ProducerPosition`,
-`ConsumerPosition`) and ask for the lag (`CoordinatorClient.lag`, `LagInfo`).
+created and grown at run time, with the producers of each stream (`StreamProducer`,
+`CatalogStream`; `CoordinatorClient.register_producer`, `watch_streams`). Lag as data:
+clients report positions (`ProducerPosition`, `ConsumerPosition`) and ask for the lag
+(`CoordinatorClient.lag`, `LagInfo`).
 """
 
 from pykka_delivery.coordinator.activations import (
@@ -35,6 +37,12 @@ from pykka_delivery.coordinator.actor import (
     GetStatistics,
     ListGroups,
     ListStreams,
+)
+from pykka_delivery.coordinator.catalog_watch import (
+    CatalogStream,
+    StreamProducer,
+    check_stream_pattern,
+    matches,
 )
 from pykka_delivery.coordinator.client import (
     ConnectionRejected,
@@ -141,6 +149,7 @@ __all__ = [
     "Activity",
     "Attach",
     "CancelTimer",
+    "CatalogStream",
     "CheckConnection",
     "Command",
     "CommandLog",
@@ -205,17 +214,20 @@ __all__ = [
     "StartTimer",
     "StreamId",
     "StreamInfo",
+    "StreamProducer",
     "UnregisterConsumer",
     "UnwatchConnection",
     "UpdateSettings",
     "WatchConnection",
     "activation_changes",
     "apply",
+    "check_stream_pattern",
     "coordinator_addresses",
     "initial_state",
     "list_groups",
     "list_nodes",
     "list_streams",
+    "matches",
     "replay",
     "settings_change",
 ]

@@ -1,7 +1,8 @@
 """A `CoordinatorClient`'s requests and their replies, on the client's thread.
 
 `Requests` keeps what this connection asked of the coordinator: its subscriptions, the
-requests not answered yet, its service registrations and watches. It hands a request to
+requests not answered yet, its service registrations and watches, its producers in the
+stream catalog and its stream watches. It hands a request to
 the current stream, settles a request with its reply, hands updates and listings to
 their callbacks, and gives every new stream its first messages (what must be sent
 again: see the theory of operation in client.py). It reads and writes nothing itself:
@@ -18,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator import catalog_wire, wire
+from pykka_delivery.coordinator.actor_messages import (
+    DeregisterProducer,
+    RegisterProducer,
+    WatchStreams,
+)
+from pykka_delivery.coordinator.catalog_watch import CatalogStream, StreamPattern, StreamProducer
 from pykka_delivery.coordinator.client_errors import (
     ConnectionRejected,
     CoordinatorRefused,
@@ -28,16 +35,26 @@ from pykka_delivery.coordinator.commands import OK, ActivateConsumer, Refusal, U
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
 from pykka_delivery.coordinator.service_settings import CoordinatorClientSettings
-from pykka_delivery.coordinator.state import GroupId
+from pykka_delivery.coordinator.state import GroupId, StreamId
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.protocol import coordinator_pb2 as pb
 
-__all__ = ["OnListing", "OnUpdate", "Request", "Requests", "Subscription", "fail", "log_failure"]
+__all__ = [
+    "OnCatalog",
+    "OnListing",
+    "OnUpdate",
+    "Request",
+    "Requests",
+    "Subscription",
+    "fail",
+    "log_failure",
+]
 
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 OnUpdate = Callable[[SendConsumerUpdate], None]
 OnListing = Callable[[tuple[ServiceEntry, ...]], None]
+OnCatalog = Callable[[tuple[CatalogStream, ...]], None]
 
 
 @dataclass(slots=True)
@@ -58,6 +75,7 @@ class Request:
     subscription: Subscription | None = None  # a register: dropped again if refused
     forgiving: bool = False  # an unregister: "not found" means done
     on_listing: OnListing | None = None  # a watch_service
+    on_catalog: OnCatalog | None = None  # a watch_streams
 
 
 class Requests:
@@ -88,6 +106,9 @@ class Requests:
         self._replays: dict[int, Subscription] = {}  # this stream's re-registrations
         self._services: dict[tuple[ServiceKey, int], str] = {}  # registered addresses
         self._watches: dict[ServiceKey, OnListing] = {}
+        self._producers: dict[tuple[StreamId, int], StreamProducer] = {}  # registered
+        self._stream_watches: dict[StreamPattern, OnCatalog] = {}
+        self._producer_replays: dict[int, tuple[StreamId, StreamProducer]] = {}
         # Activations of subscriptions not registered (yet), and their grace timers.
         self._orphans: dict[
             tuple[GroupId, int], tuple[SendConsumerUpdate, asyncio.TimerHandle]
@@ -144,29 +165,44 @@ class Requests:
             u = message.unregister
             self.subscriptions.pop((wire.group_id(u.group), u.subscription_id), None)
         elif kind in wire.DIRECTORY_REQUESTS:
-            self._note_directory_request(message, request.on_listing)
+            self._note_directory_request(message, request)
         self.pending[message.request_id] = request
         if self.outbox is not None:
             self.outbox.put_nowait(message)
 
-    def _note_directory_request(
-        self, message: pb.ClientMessage, on_listing: OnListing | None
-    ) -> None:
+    def _note_directory_request(self, message: pb.ClientMessage, request: Request) -> None:
         """Remember what a new stream must register and watch again."""
         kind = message.WhichOneof("body")
-        if kind == "register_service":
+        if kind in catalog_wire.CATALOG_REQUESTS:
+            self._note_catalog_request(message, request.on_catalog)
+        elif kind == "register_service":
             r = message.register_service
             self._services[(ServiceKey(r.namespace, r.key), r.registration_id)] = r.address
         elif kind == "deregister_service":
             d = message.deregister_service
             self._services.pop((ServiceKey(d.namespace, d.key), d.registration_id), None)
         elif kind == "watch_service":
-            assert on_listing is not None
+            assert request.on_listing is not None
             w = message.watch_service
-            self._watches[ServiceKey(w.namespace, w.key)] = on_listing
+            self._watches[ServiceKey(w.namespace, w.key)] = request.on_listing
         else:
             u = message.unwatch_service
             self._watches.pop(ServiceKey(u.namespace, u.key), None)
+
+    def _note_catalog_request(
+        self, message: pb.ClientMessage, on_catalog: OnCatalog | None
+    ) -> None:
+        request = catalog_wire.catalog_request_of(message, self.connection_id, "")
+        if isinstance(request, RegisterProducer):
+            key = (request.stream, request.producer.registration_id)
+            self._producers[key] = request.producer
+        elif isinstance(request, DeregisterProducer):
+            self._producers.pop((request.stream, request.registration_id), None)
+        elif isinstance(request, WatchStreams):
+            assert on_catalog is not None
+            self._stream_watches[request.pattern] = on_catalog
+        else:
+            self._stream_watches.pop(request.pattern, None)
 
     def first_messages(self, hello: pb.ClientMessage) -> asyncio.Queue[pb.ClientMessage | None]:
         """A new stream's outbox: ``hello``, every subscription registered again, then
@@ -174,6 +210,7 @@ class Requests:
         outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
         outbox.put_nowait(hello)
         self._replays = {}
+        self._producer_replays = {}
         # A registration not answered yet is sent below with the other requests (its
         # refusal is the caller's, not a lost subscription's).
         registering = {id(r.subscription) for r in self.pending.values() if r.subscription}
@@ -197,6 +234,12 @@ class Requests:
             )
         for service in self._watches:
             outbox.put_nowait(wire.watch_service_message(next(self.request_ids), service))
+        for (stream, _), producer in self._producers.items():
+            request_id = next(self.request_ids)
+            self._producer_replays[request_id] = (stream, producer)
+            outbox.put_nowait(catalog_wire.register_producer_message(request_id, stream, producer))
+        for pattern in self._stream_watches:
+            outbox.put_nowait(catalog_wire.watch_streams_message(next(self.request_ids), pattern))
         for request in self.pending.values():
             outbox.put_nowait(request.message)
         return outbox
@@ -241,6 +284,11 @@ class Requests:
 
     def on_reply(self, reply: pb.Reply) -> None:
         result = wire.reply_of(reply)
+        if self._producer_replays:
+            producer = self._producer_replays.pop(reply.request_id, None)
+            if producer is not None:
+                self._on_producer_replayed(*producer, result)
+                return
         replayed = self._replays.pop(reply.request_id, None)
         if replayed is not None:
             if isinstance(result, pb.Refused):
@@ -259,6 +307,23 @@ class Requests:
             _settle(request, OK)
         else:
             self.drop(request, refused)
+
+    def _on_producer_replayed(
+        self, stream: StreamId, producer: StreamProducer, result: Any
+    ) -> None:
+        """Registering ``producer`` again on a new stream was refused (its name taken over
+        by another client meanwhile): forget it, and say so."""
+        if not isinstance(result, pb.Refused):
+            return
+        logger.error(
+            "Registering producer %r of %s again was refused (dropping it): %s",
+            producer.name,
+            stream,
+            result.message,
+        )
+        key = (stream, producer.registration_id)
+        if self._producers.get(key) == producer:
+            del self._producers[key]
 
     def _on_replay_refused(self, sub: Subscription, result: pb.Refused) -> None:
         """Registering ``sub`` again on a new stream was refused: the coordinator does not
@@ -358,6 +423,16 @@ class Requests:
             on_listing(entries)
         except Exception:
             logger.exception("on_listing of service %r failed", key.key)
+
+    def on_catalog(self, catalog: pb.StreamCatalog) -> None:
+        pattern, streams = catalog_wire.catalog_of(catalog)
+        on_catalog = self._stream_watches.get(pattern)
+        if on_catalog is None or self.stopping:
+            return
+        try:
+            on_catalog(streams)
+        except Exception:
+            logger.exception("on_catalog of stream pattern %r failed", pattern.pattern)
 
 
 def _notify(sub: Subscription, update: SendConsumerUpdate) -> None:

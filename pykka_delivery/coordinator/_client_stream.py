@@ -363,6 +363,8 @@ class Connection:
                         requests.on_update(message.update)
                     elif body == "listing":
                         requests.on_listing(message.listing)
+                    elif body == "catalog":
+                        requests.on_catalog(message.catalog)
                     elif message.reply.request_id == hello_id:
                         self._attaches += 1
                         self._attachment.address = self.address

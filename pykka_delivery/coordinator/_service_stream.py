@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator import catalog_wire, wire
 from pykka_delivery.coordinator.actor import Attach, Detach
+from pykka_delivery.coordinator.catalog_watch import CatalogStream, StreamPattern
 from pykka_delivery.coordinator.commands import OK
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
@@ -46,6 +47,10 @@ class _Sink:
     def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
         if self.open:
             self._put(wire.listing_message(key, entries))
+
+    def send_catalog(self, pattern: StreamPattern, streams: tuple[CatalogStream, ...]) -> None:
+        if self.open:
+            self._put(catalog_wire.catalog_message(pattern, streams))
 
     def _put(self, message: pb.ServerMessage) -> None:
         if not self._server._leading():  # a leader past its lease tells nobody anything

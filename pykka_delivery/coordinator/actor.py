@@ -21,12 +21,15 @@ state) go to a `handovers.HandoverBook`: one INFO log line each, with structured
 (``extra={"event": "activation", ...}``), each group's last `Handover` for `ListGroups`,
 and the statistics' rebalance count and hand-over histogram.
 
-The actor also keeps the service directory (`directory.py`): `RegisterService`,
-`DeregisterService`, `WatchService`, `UnwatchService`. It is not logged (clients register
-and watch again when their streams reopen). A listing goes to every watcher with a sink
-after each change of its key, and to a connection for each key it watches when it
-attaches. The entries of a lost connection leave after ``disconnected_timeout`` unless it
-attaches again; those of a connection that says goodbye leave at once.
+The actor also keeps the service directory (`directory.py`: `RegisterService`,
+`DeregisterService`, `WatchService`, `UnwatchService`) and the producers of the stream
+catalog with their watchers (`catalog_watch.py`: `RegisterProducer`, `DeregisterProducer`,
+`WatchStreams`, `UnwatchStreams`), in `_actor_directory.py`. Neither is logged (clients
+register and watch again when their streams reopen). A listing goes to every watcher with
+a sink after each change (a `CreateStream` that creates or grows a stream is one), and to
+a connection for each key or pattern it watches when it attaches. The entries of a lost
+connection leave after ``disconnected_timeout`` unless it attaches again; those of a
+connection that says goodbye leave at once.
 
 Durability: every command that changed the state is appended to the `CommandLog` before
 its effects are carried out, so a crash after an update was sent never loses the change
@@ -64,6 +67,7 @@ from typing import Any
 
 import pykka
 
+from pykka_delivery.coordinator._actor_directory import DIRECTORY_MESSAGES, Directories
 from pykka_delivery.coordinator._actor_liveness import Liveness
 from pykka_delivery.coordinator._batch import (
     DEFAULT_MAX_BATCH,
@@ -78,29 +82,34 @@ from pykka_delivery.coordinator.activations import activation_changes
 from pykka_delivery.coordinator.actor_messages import (
     Attach,
     ConnectionSink,
+    DeregisterProducer,
     DeregisterService,
     Detach,
     Execute,
     GetStatistics,
     ListGroups,
     ListStreams,
+    RegisterProducer,
     RegisterService,
     ReplyTo,
     UnwatchService,
+    UnwatchStreams,
     WatchService,
+    WatchStreams,
 )
+from pykka_delivery.coordinator.catalog_watch import ProducerCatalog
 from pykka_delivery.coordinator.commands import (
-    OK,
     Command,
     ConnectionDown,
     ConnectionLost,
     ConnectionReconnected,
+    CreateStream,
     DisconnectedTimeout,
     Recover,
     Refused,
     Reply,
 )
-from pykka_delivery.coordinator.directory import ServiceDirectory, ServiceKey
+from pykka_delivery.coordinator.directory import ServiceDirectory
 from pykka_delivery.coordinator.effects import (
     CancelTimer,
     CheckConnection,
@@ -116,7 +125,12 @@ from pykka_delivery.coordinator.handovers import HandoverBook
 from pykka_delivery.coordinator.machine import apply
 from pykka_delivery.coordinator.probe import ProbeAnswered, ProbeBook
 from pykka_delivery.coordinator.queries import list_groups, list_streams, settings_change
-from pykka_delivery.coordinator.state import Activity, CoordinatorSettings, CoordinatorState
+from pykka_delivery.coordinator.state import (
+    Activity,
+    CoordinatorSettings,
+    CoordinatorState,
+    StreamId,
+)
 from pykka_delivery.coordinator.stats import COUNTERS, CoordinatorStats, snapshot
 from pykka_delivery.coordinator.store import CommandLog, LogFencedError, MemoryCommandLog
 from pykka_delivery.delivery.timers import TimerFired, Timers, TimerService
@@ -128,16 +142,20 @@ __all__ = [
     "ConnectionSink",
     "CoordinatorActor",
     "CoordinatorStats",
+    "DeregisterProducer",
     "DeregisterService",
     "Detach",
     "Execute",
     "GetStatistics",
     "ListGroups",
     "ListStreams",
+    "RegisterProducer",
     "RegisterService",
     "ReplyTo",
     "UnwatchService",
+    "UnwatchStreams",
     "WatchService",
+    "WatchStreams",
 ]
 
 logger = logging.getLogger("pykka_delivery.coordinator")
@@ -147,7 +165,6 @@ DEFAULT_SWEEP_INTERVAL = 30.0
 
 _SWEEP = "sweep"
 _DISCONNECTED = "disconnected:"
-_SERVICES = "services:"
 
 
 # --- the actor -------------------------------------------------------------------------------
@@ -170,7 +187,7 @@ def _quiet_tell(ref: pykka.ActorRef[Any]) -> Callable[[TimerFired], None]:
     return tell
 
 
-class CoordinatorActor(Liveness, pykka.ThreadingActor):
+class CoordinatorActor(Directories, Liveness, pykka.ThreadingActor):
     """Runs the coordinator's state machine, its timers, its log and its sweep.
 
     Args:
@@ -223,6 +240,7 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
         self._timers = Timers(_quiet_tell(self.actor_ref), timer_service)
         self._sinks: dict[str, ConnectionSink] = {}
         self._directory = ServiceDirectory()
+        self._catalog = ProducerCatalog()
         self._watched: set[str] = set()
         self._detached_since: dict[str, float] = {}  # watched connections without a sink
         self._follow_ups: collections.deque[Command] = collections.deque()
@@ -305,10 +323,9 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
                 self._state, message.namespace, handovers=handovers, now=self._clock()
             )
         if type(message) is ListStreams:
-            return list_streams(self._state, message.namespace)
-        if type(message) in _DIRECTORY_MESSAGES:
-            self._on_directory(message)
-            return OK
+            return list_streams(self._state, message.namespace, self._catalog.producers)
+        if type(message) in DIRECTORY_MESSAGES:
+            return self._on_directory(message)
         if type(message) is GetStatistics:
             return self.statistics()
         # Logged, not raised: an exception from a `tell` would stop the coordinator.
@@ -328,12 +345,7 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
         if fired.key == _SWEEP:
             self._sweep()
             return
-        if fired.key.startswith(_SERVICES):
-            self._timers.cancel(fired.key)
-            connection = fired.key.removeprefix(_SERVICES)
-            if connection not in self._sinks:
-                logger.info("Connection %r still lost: its service entries leave", connection)
-                self._drop_entries(connection)
+        if self._on_entries_timer(fired.key):
             return
         self._timers.cancel(fired.key)  # `Timers` repeat; the machine's timers are one-shot
         self._submit(DisconnectedTimeout(fired.key.removeprefix(_DISCONNECTED)))
@@ -358,10 +370,7 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
             self._just_sent = None
         self._send_all(u for u in self._current_updates(connection) if u not in sent)
         self._drain()  # a sink that failed during the re-send
-        self._timers.cancel(_SERVICES + connection)
-        for key in self._directory.watched_by(connection):
-            self._send_listing(connection, key)
-        self._drain()
+        self._send_watched(connection)
 
     def _detach(self, message: Detach) -> None:
         connection = message.connection
@@ -378,61 +387,14 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
     def _connection_down(self, connection: str) -> None:
         self._probes.forget(connection)
         self._submit(ConnectionDown(connection))
-        self._directory.drop_watches(connection)
+        self._drop_watches(connection)
         self._drop_entries(connection)
 
     def _lose_sink(self, connection: str) -> None:
         del self._sinks[connection]
-        if self._directory.has_entries(connection):
-            # Its entries stay for the grace a lost connection's consumers get.
-            self._timers.start(_SERVICES + connection, self._state.settings.disconnected_timeout)
+        self._lose_entries_later(connection)
         if connection in self._watched:
             self._detached_since[connection] = self._monotonic()
-
-    # --- the service directory
-
-    def _on_directory(self, message: Any) -> None:
-        directory = self._directory
-        key: ServiceKey = message.key
-        if type(message) is RegisterService:
-            if directory.register(key, message.entry):
-                self._listing_changed(key)
-        elif type(message) is DeregisterService:
-            if directory.deregister(key, message.connection, message.registration_id):
-                self._listing_changed(key)
-        elif type(message) is WatchService:
-            directory.watch(key, message.connection)
-            self._send_listing(message.connection, key)
-        else:
-            directory.unwatch(key, message.connection)
-        self._drain()
-
-    def _drop_entries(self, connection: str) -> None:
-        for key in self._directory.drop_entries(connection):
-            self._listing_changed(key)
-        self._drain()
-
-    def _listing_changed(self, key: ServiceKey) -> None:
-        for connection in sorted(self._directory.watchers(key)):
-            self._send_listing(connection, key)
-
-    def _send_listing(self, connection: str, key: ServiceKey) -> None:
-        sink = self._sinks.get(connection)
-        if sink is None:
-            return  # sent when it attaches again
-        try:
-            sink.send_listing(key, self._directory.listing(key))
-        except Exception:
-            self._count(sink_failures=1)
-            logger.warning(
-                "Sink of connection %r failed on a listing: treating the connection as lost",
-                connection,
-                exc_info=True,
-            )
-            self._lose_sink(connection)
-            self._follow_ups.append(ConnectionLost(connection, now=self._clock()))
-            return
-        self._count(listings_sent=1)
 
     def _current_updates(self, connection: str) -> list[SendConsumerUpdate]:
         """The update each connected consumer of ``connection`` was last sent."""
@@ -478,6 +440,8 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
             self._counters["commands_refused"] += 1
             logger.info("Refused %s: %s", type(command).__name__, outcome.reply.message)
             return
+        if changed and type(command) is CreateStream:  # created or grown: tell its watchers
+            self._stream_changed(StreamId(command.namespace, command.name))
         if changed:
             changes = activation_changes(before, outcome.state, command)
             self._book.record(
@@ -602,6 +566,3 @@ class CoordinatorActor(Liveness, pykka.ThreadingActor):
     def _count(self, **increments: int) -> None:
         for name, increment in increments.items():
             self._counters[name] += increment
-
-
-_DIRECTORY_MESSAGES = frozenset({RegisterService, DeregisterService, WatchService, UnwatchService})

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from pykka_delivery.coordinator.catalog_watch import CatalogStream, StreamPattern, StreamProducer
 from pykka_delivery.coordinator.commands import Command, Reply
 from pykka_delivery.coordinator.directory import ServiceEntry, ServiceKey
 from pykka_delivery.coordinator.effects import SendConsumerUpdate
+from pykka_delivery.coordinator.state import StreamId
 
 if TYPE_CHECKING:
     from pykka_delivery.coordinator.probe import Prober
@@ -22,16 +24,20 @@ if TYPE_CHECKING:
 __all__ = [
     "Attach",
     "ConnectionSink",
+    "DeregisterProducer",
     "DeregisterService",
     "Detach",
     "Execute",
     "GetStatistics",
     "ListGroups",
     "ListStreams",
+    "RegisterProducer",
     "RegisterService",
     "ReplyTo",
     "UnwatchService",
+    "UnwatchStreams",
     "WatchService",
+    "WatchStreams",
 ]
 
 
@@ -50,6 +56,10 @@ class ConnectionSink(Protocol):
 
     def send_listing(self, key: ServiceKey, entries: tuple[ServiceEntry, ...]) -> None:
         """Queue the listing of a watched service key, as `send_update`."""
+        ...
+
+    def send_catalog(self, pattern: StreamPattern, streams: tuple[CatalogStream, ...]) -> None:
+        """Queue the streams matching a watched stream pattern, as `send_update`."""
         ...
 
 
@@ -129,6 +139,42 @@ class UnwatchService:
     """Stop sending ``connection`` the listing of ``key``. Ask: `OK`."""
 
     key: ServiceKey
+    connection: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterProducer:
+    """Add (or replace) ``producer`` of ``stream``; it belongs to ``producer.connection``.
+    Ask: `OK`, or `Refused` (``STREAM_NOT_FOUND``, ``PRODUCER_CONFLICT``,
+    ``INVALID_REQUEST``: see `ProducerCatalog.register`)."""
+
+    stream: StreamId
+    producer: StreamProducer
+
+
+@dataclass(frozen=True, slots=True)
+class DeregisterProducer:
+    """Remove ``connection``'s producer ``registration_id`` of ``stream``. Ask: `OK`."""
+
+    stream: StreamId
+    connection: str
+    registration_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchStreams:
+    """Send ``connection`` the streams ``pattern`` covers now and after each change of
+    one. Ask: `OK`."""
+
+    pattern: StreamPattern
+    connection: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnwatchStreams:
+    """Stop sending ``connection`` the streams of ``pattern``. Ask: `OK`."""
+
+    pattern: StreamPattern
     connection: str
 
 

@@ -35,6 +35,10 @@ Theory of operation:
   callback now and on every change. Both belong to the connection and are sent again on
   every new stream (the coordinator does not store them), so they survive reconnects and
   coordinator restarts.
+* The stream catalog's producers (``_client_catalog.py``): `register_producer` lists a
+  producer of a stream (name, address, partitions), `watch_streams` has every stream
+  matching a name pattern, with its producers, sent to a callback now and on every
+  change. Sent again on every new stream, as the directory's.
 * Lag as data: the positions of the client's producers and consumers go to the
   coordinator on the stream, one batch per ``report_interval`` (``_client_lag.py``);
   `lag` asks for the lag they add up to.
@@ -73,6 +77,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.coordinator import wire
+from pykka_delivery.coordinator._client_catalog import CatalogClient
 from pykka_delivery.coordinator._client_lag import LagClient, PositionReports
 from pykka_delivery.coordinator._client_requests import (
     OnListing,
@@ -119,9 +124,10 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.coordinator.client")
 
 
-class CoordinatorClient(LagClient):
+class CoordinatorClient(CatalogClient, LagClient):
     """A connection to the coordinator service; registers consumers in groups, reports
-    positions and asks for the lag (`report_positions`, `lag`).
+    positions and asks for the lag (`report_positions`, `lag`), lists producers in the
+    stream catalog and watches it (`register_producer`, `watch_streams`).
 
     Args:
         address: the server's ``host:port``; with several coordinator replicas, every

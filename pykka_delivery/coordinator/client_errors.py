@@ -40,6 +40,8 @@ class CoordinatorRefused(DeliveryError):
     @property
     def refusal(self) -> Refusal | None:
         """The reason as a `Refusal`, or None for ``"invalid_request"``."""
+        if self.reason == Refusal.INVALID_REQUEST.value:
+            return None  # as before that member existed: callers test for None
         try:
             return Refusal(self.reason)
         except ValueError:

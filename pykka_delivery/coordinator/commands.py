@@ -419,6 +419,10 @@ class Refusal(enum.Enum):
     UNKNOWN_COMMAND = "unknown_command"
     PARTITIONS_SHRINK = "partitions_shrink"
     PARTITIONS_OVER_LIMIT = "partitions_over_limit"
+    # The stream catalog's producers (catalog_watch.py; not the machine's commands).
+    STREAM_NOT_FOUND = "stream_not_found"
+    PRODUCER_CONFLICT = "producer_conflict"
+    INVALID_REQUEST = "invalid_request"
 
 
 @dataclass(frozen=True, slots=True)

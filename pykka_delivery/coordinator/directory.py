@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pykka_delivery.coordinator._watches import Watches
+
 __all__ = ["ServiceDirectory", "ServiceEntry", "ServiceKey"]
 
 
@@ -67,7 +69,7 @@ class ServiceDirectory:
     def __init__(self) -> None:
         # Per key, entries by identity, in registration order (dicts keep it).
         self._entries: dict[ServiceKey, dict[tuple[str, int], ServiceEntry]] = {}
-        self._watchers: dict[ServiceKey, set[str]] = {}
+        self._watchers: Watches[ServiceKey] = Watches()
 
     def listing(self, key: ServiceKey) -> tuple[ServiceEntry, ...]:
         """The entries under ``key``, in registration order."""
@@ -75,11 +77,11 @@ class ServiceDirectory:
 
     def watchers(self, key: ServiceKey) -> frozenset[str]:
         """The connections watching ``key``."""
-        return frozenset(self._watchers.get(key, ()))
+        return self._watchers.watchers(key)
 
     def watched_by(self, connection: str) -> list[ServiceKey]:
         """The keys ``connection`` watches, sorted."""
-        return sorted(k for k, conns in self._watchers.items() if connection in conns)
+        return sorted(self._watchers.watched_by(connection))
 
     def has_entries(self, connection: str) -> bool:
         return any(conn == connection for e in self._entries.values() for conn, _ in e)
@@ -118,16 +120,10 @@ class ServiceDirectory:
         return sorted(changed)
 
     def watch(self, key: ServiceKey, connection: str) -> None:
-        self._watchers.setdefault(key, set()).add(connection)
+        self._watchers.watch(key, connection)
 
     def unwatch(self, key: ServiceKey, connection: str) -> None:
-        watchers = self._watchers.get(key)
-        if watchers is None:
-            return
-        watchers.discard(connection)
-        if not watchers:
-            del self._watchers[key]
+        self._watchers.unwatch(key, connection)
 
     def drop_watches(self, connection: str) -> None:
-        for key in self.watched_by(connection):
-            self.unwatch(key, connection)
+        self._watchers.drop(connection)

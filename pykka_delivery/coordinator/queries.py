@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pykka_delivery.coordinator.activations import Handover
+from pykka_delivery.coordinator.catalog_watch import StreamProducer
 from pykka_delivery.coordinator.commands import UpdateSettings
 from pykka_delivery.coordinator.state import (
     Consumer,
@@ -101,16 +102,23 @@ def list_groups(
 
 @dataclass(frozen=True, slots=True)
 class StreamInfo:
-    """One stream of the catalog as listed: its key and its partition count."""
+    """One stream of the catalog as listed: its key, its partition count and its
+    registered producers (sorted by name; none from an older server)."""
 
     stream: StreamId
     partitions: int
+    producers: tuple[StreamProducer, ...] = ()
 
 
-def list_streams(state: CoordinatorState, namespace: str | None = None) -> tuple[StreamInfo, ...]:
-    """Every stream of the catalog (of ``namespace``, if given), sorted by key."""
+def list_streams(
+    state: CoordinatorState,
+    namespace: str | None = None,
+    producers: Callable[[StreamId], tuple[StreamProducer, ...]] | None = None,
+) -> tuple[StreamInfo, ...]:
+    """Every stream of the catalog (of ``namespace``, if given), sorted by key, with the
+    producers ``producers`` gives for it (the actor's `ProducerCatalog.producers`)."""
     return tuple(
-        StreamInfo(sid, partitions)
+        StreamInfo(sid, partitions, () if producers is None else producers(sid))
         for sid, partitions in sorted(state.streams.items())
         if namespace is None or sid.namespace == namespace
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pykka_delivery.coordinator import catalog_wire
 from pykka_delivery.coordinator.activations import ConsumerId, Handover, HandoverReason
 from pykka_delivery.coordinator.actor import (
     DeregisterService,
@@ -190,16 +191,25 @@ def command_of(
 
 # --- the service directory -------------------------------------------------------------
 
-DIRECTORY_REQUESTS = frozenset(
-    {"register_service", "deregister_service", "watch_service", "unwatch_service"}
+DIRECTORY_REQUESTS = (
+    frozenset({"register_service", "deregister_service", "watch_service", "unwatch_service"})
+    | catalog_wire.CATALOG_REQUESTS
 )
-"""The ``ClientMessage`` bodies that are service-directory requests."""
+"""The ``ClientMessage`` bodies that are requests to the service directory or about the
+catalog's producers (asked of the actor, not commands of its machine)."""
 
-DirectoryRequest = RegisterService | DeregisterService | WatchService | UnwatchService
+DirectoryRequest = (
+    RegisterService
+    | DeregisterService
+    | WatchService
+    | UnwatchService
+    | catalog_wire.CatalogRequest
+)
 
 
 def directory_request_of(message: pb.ClientMessage, connection: str, node: str) -> DirectoryRequest:
-    """The directory request a client message asks for, on behalf of ``connection``.
+    """The directory or catalog request a client message asks for, on behalf of
+    ``connection``.
 
     Raises:
         ValueError: a field is invalid (the message names it), or the message is not a
@@ -219,6 +229,8 @@ def directory_request_of(message: pb.ClientMessage, connection: str, node: str) 
     if kind == "unwatch_service":
         u = message.unwatch_service
         return UnwatchService(ServiceKey(u.namespace, u.key), connection)
+    if kind in catalog_wire.CATALOG_REQUESTS:
+        return catalog_wire.catalog_request_of(message, connection, node)
     msg = f"expected a service directory request, got {kind or 'an empty message'}"
     raise ValueError(msg)
 
@@ -412,11 +424,15 @@ def groups_from_message(reply: pb.ListGroupsReply) -> tuple[GroupInfo, ...]:
 def streams_message(streams: tuple[StreamInfo, ...]) -> pb.ListStreamsReply:
     out = pb.ListStreamsReply()
     for info in streams:
-        out.streams.add(
+        status = out.streams.add(
             namespace=info.stream.namespace, name=info.stream.name, partitions=info.partitions
         )
+        catalog_wire.add_producers(status, info.producers)
     return out
 
 
 def streams_from_message(reply: pb.ListStreamsReply) -> tuple[StreamInfo, ...]:
-    return tuple(StreamInfo(StreamId(s.namespace, s.name), s.partitions) for s in reply.streams)
+    return tuple(
+        StreamInfo(StreamId(s.namespace, s.name), s.partitions, catalog_wire.producers_of(s))
+        for s in reply.streams
+    )

@@ -17,6 +17,8 @@ class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_INVALID_REQUEST: _ClassVar[Refusal]
     REFUSAL_PARTITIONS_SHRINK: _ClassVar[Refusal]
     REFUSAL_PARTITIONS_OVER_LIMIT: _ClassVar[Refusal]
+    REFUSAL_STREAM_NOT_FOUND: _ClassVar[Refusal]
+    REFUSAL_PRODUCER_CONFLICT: _ClassVar[Refusal]
 
 class Connectivity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +55,8 @@ REFUSAL_UNKNOWN_COMMAND: Refusal
 REFUSAL_INVALID_REQUEST: Refusal
 REFUSAL_PARTITIONS_SHRINK: Refusal
 REFUSAL_PARTITIONS_OVER_LIMIT: Refusal
+REFUSAL_STREAM_NOT_FOUND: Refusal
+REFUSAL_PRODUCER_CONFLICT: Refusal
 CONNECTIVITY_UNSPECIFIED: Connectivity
 CONNECTIVITY_CONNECTED: Connectivity
 CONNECTIVITY_DISCONNECTED: Connectivity
@@ -175,6 +179,48 @@ class CreateStream(_message.Message):
     partitions: int
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
+class RegisterProducer(_message.Message):
+    __slots__ = ("namespace", "stream", "name", "address", "partitions", "registration_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    name: str
+    address: str
+    partitions: int
+    registration_id: int
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[int] = ..., registration_id: _Optional[int] = ...) -> None: ...
+
+class DeregisterProducer(_message.Message):
+    __slots__ = ("namespace", "stream", "registration_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stream: str
+    registration_id: int
+    def __init__(self, namespace: _Optional[str] = ..., stream: _Optional[str] = ..., registration_id: _Optional[int] = ...) -> None: ...
+
+class WatchStreams(_message.Message):
+    __slots__ = ("namespace", "pattern")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    pattern: str
+    def __init__(self, namespace: _Optional[str] = ..., pattern: _Optional[str] = ...) -> None: ...
+
+class UnwatchStreams(_message.Message):
+    __slots__ = ("namespace", "pattern")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    pattern: str
+    def __init__(self, namespace: _Optional[str] = ..., pattern: _Optional[str] = ...) -> None: ...
+
 class ProducerPosition(_message.Message):
     __slots__ = ("namespace", "stream", "partition_index", "producer_id", "sent", "confirmed", "oldest_unconfirmed_age", "group")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -222,7 +268,7 @@ class Positions(_message.Message):
     def __init__(self, producers: _Optional[_Iterable[_Union[ProducerPosition, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service", "create_stream", "positions")
+    __slots__ = ("request_id", "hello", "register", "unregister", "activate", "goodbye", "register_service", "deregister_service", "watch_service", "unwatch_service", "create_stream", "positions", "register_producer", "deregister_producer", "watch_streams", "unwatch_streams")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +281,10 @@ class ClientMessage(_message.Message):
     UNWATCH_SERVICE_FIELD_NUMBER: _ClassVar[int]
     CREATE_STREAM_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    DEREGISTER_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    WATCH_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    UNWATCH_STREAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     register: Register
@@ -247,7 +297,11 @@ class ClientMessage(_message.Message):
     unwatch_service: UnwatchService
     create_stream: CreateStream
     positions: Positions
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ..., create_stream: _Optional[_Union[CreateStream, _Mapping]] = ..., positions: _Optional[_Union[Positions, _Mapping]] = ...) -> None: ...
+    register_producer: RegisterProducer
+    deregister_producer: DeregisterProducer
+    watch_streams: WatchStreams
+    unwatch_streams: UnwatchStreams
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., unregister: _Optional[_Union[Unregister, _Mapping]] = ..., activate: _Optional[_Union[Activate, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., register_service: _Optional[_Union[RegisterService, _Mapping]] = ..., deregister_service: _Optional[_Union[DeregisterService, _Mapping]] = ..., watch_service: _Optional[_Union[WatchService, _Mapping]] = ..., unwatch_service: _Optional[_Union[UnwatchService, _Mapping]] = ..., create_stream: _Optional[_Union[CreateStream, _Mapping]] = ..., positions: _Optional[_Union[Positions, _Mapping]] = ..., register_producer: _Optional[_Union[RegisterProducer, _Mapping]] = ..., deregister_producer: _Optional[_Union[DeregisterProducer, _Mapping]] = ..., watch_streams: _Optional[_Union[WatchStreams, _Mapping]] = ..., unwatch_streams: _Optional[_Union[UnwatchStreams, _Mapping]] = ...) -> None: ...
 
 class Ok(_message.Message):
     __slots__ = ()
@@ -315,15 +369,43 @@ class ServiceListing(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[ServiceEntry]
     def __init__(self, namespace: _Optional[str] = ..., key: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ServiceEntry, _Mapping]]] = ...) -> None: ...
 
+class StreamProducer(_message.Message):
+    __slots__ = ("name", "address", "partitions", "connection", "registration_id", "node")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    partitions: int
+    connection: str
+    registration_id: int
+    node: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[int] = ..., connection: _Optional[str] = ..., registration_id: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class StreamCatalog(_message.Message):
+    __slots__ = ("namespace", "pattern", "streams")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    pattern: str
+    streams: _containers.RepeatedCompositeFieldContainer[StreamStatus]
+    def __init__(self, namespace: _Optional[str] = ..., pattern: _Optional[str] = ..., streams: _Optional[_Iterable[_Union[StreamStatus, _Mapping]]] = ...) -> None: ...
+
 class ServerMessage(_message.Message):
-    __slots__ = ("reply", "update", "listing")
+    __slots__ = ("reply", "update", "listing", "catalog")
     REPLY_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     LISTING_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
     reply: Reply
     update: ConsumerUpdate
     listing: ServiceListing
-    def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., update: _Optional[_Union[ConsumerUpdate, _Mapping]] = ..., listing: _Optional[_Union[ServiceListing, _Mapping]] = ...) -> None: ...
+    catalog: StreamCatalog
+    def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., update: _Optional[_Union[ConsumerUpdate, _Mapping]] = ..., listing: _Optional[_Union[ServiceListing, _Mapping]] = ..., catalog: _Optional[_Union[StreamCatalog, _Mapping]] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ("namespace",)
@@ -404,14 +486,16 @@ class ListStreamsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StreamStatus(_message.Message):
-    __slots__ = ("namespace", "name", "partitions")
+    __slots__ = ("namespace", "name", "partitions", "producers")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     name: str
     partitions: int
-    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+    producers: _containers.RepeatedCompositeFieldContainer[StreamProducer]
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ..., producers: _Optional[_Iterable[_Union[StreamProducer, _Mapping]]] = ...) -> None: ...
 
 class ListStreamsReply(_message.Message):
     __slots__ = ("streams",)

@@ -255,6 +255,30 @@ def test_streams_lists_the_catalog_with_partitions_groups_and_producers(
     assert views["producers"] == ["views-2:ranker"]
 
 
+def test_streams_shows_the_producers_registered_in_the_catalog(
+    coordinator: Served, connect: Connect
+) -> None:
+    client = connect("clicks-web-1")
+    client.create_stream("clicks", 4, namespace=NS, timeout=WAIT)
+    client.register_producer("clicks", "web-1", "10.0.0.1:7001", 4, namespace=NS, timeout=WAIT)
+
+    document = command_json(coordinator, "streams", "--namespace", NS)
+    [clicks] = [s for s in document["streams"] if s["stream"] == "clicks"]
+    assert clicks["registered_producers"] == [
+        {"name": "web-1", "address": "10.0.0.1:7001", "partitions": 4}
+    ]
+    done = run(
+        "streams",
+        "--namespace",
+        NS,
+        "--address",
+        coordinator.address,
+        env={"PYKKA_DELIVERY_TOKEN": TOKEN},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "web-1 at 10.0.0.1:7001 (4)" in done.stdout
+
+
 def test_lag_shows_sent_confirmed_and_in_flight_per_group_and_producer(
     coordinator: Served, connect: Connect
 ) -> None:

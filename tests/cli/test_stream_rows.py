@@ -28,6 +28,7 @@ def test_a_partition_groups_and_producers_are_listed_on_their_catalog_stream() -
         "in_catalog": True,
         "groups": ["billing"],
         "producers": ["orders-3:billing"],
+        "registered_producers": [],
     }
 
 
@@ -85,3 +86,18 @@ def test_the_base_stream_undoes_the_partition_suffix_only(name: str, index: int,
     assert base_stream(name, index) == base
     if base != name:
         assert partition_stream(base, index) == name
+
+
+def test_the_producers_registered_in_the_catalog_are_listed_on_their_stream() -> None:
+    [row] = stream_rows(
+        [(NS, "orders", 4)],
+        [],
+        [],
+        {(NS, "orders"): [("web-1", "10.0.0.1:7001", 4), ("web-2", "10.0.0.2:7001", 2)]},
+    )
+
+    assert row.document()["registered_producers"] == [
+        {"name": "web-1", "address": "10.0.0.1:7001", "partitions": 4},
+        {"name": "web-2", "address": "10.0.0.2:7001", "partitions": 2},
+    ]
+    assert row.registered_text() == "web-1 at 10.0.0.1:7001 (4), web-2 at 10.0.0.2:7001 (2)"
