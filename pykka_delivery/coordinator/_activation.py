@@ -13,9 +13,11 @@ from typing import Protocol
 from pykka_delivery.coordinator.lag import ConsumerPosition
 from pykka_delivery.coordinator.state import GroupId
 from pykka_delivery.delivery.handles.consumer import Consumer
+from pykka_delivery.delivery.handles.merged import MergedConsumer, ProducerSet
 from pykka_delivery.delivery.messages import Delivery
+from pykka_delivery.protocol.messages import Ref
 
-__all__ = ["ActivationHooks", "ActivationInterval", "ConfirmTo", "positions_of"]
+__all__ = ["ActivationHooks", "ActivationInterval", "ConfirmTo", "positions_of", "register"]
 
 logger = logging.getLogger("pykka_delivery.coordinator.consumer")
 
@@ -103,26 +105,48 @@ class ActivationHooks:
 
 
 def positions_of(
-    group: GroupId, partition_index: int, consumer: Consumer | None, in_flight: Delivery | None
+    group: GroupId,
+    partition_index: int,
+    consumer: Consumer | MergedConsumer | None,
+    in_flight: Delivery | None,
 ) -> list[ConsumerPosition]:
-    """Where the open ``consumer`` is in its producer's stream (nothing while not
-    consuming, or before its first message), ``in_flight`` the delivery handed out."""
-    snapshot = None if consumer is None else consumer.snapshot()
-    if snapshot is None or not snapshot.received_seq_nr:
+    """Where the open ``consumer`` is in its producer's stream, one position per producer
+    of a `MergedConsumer` (nothing while not consuming, nor for a producer before its
+    first message), ``in_flight`` the delivery handed out."""
+    if consumer is None:
         return []
-    # A new activation's Consumer counts from 0 until its first confirmation, but
-    # deliveries come in order: all before the one in flight were confirmed.
-    confirmed = snapshot.confirmed_seq_nr
-    if in_flight is not None:
-        confirmed = max(confirmed, in_flight.seq_nr - 1)
-    g = group
-    position = ConsumerPosition(
-        g.namespace,
-        g.stream,
-        g.name,
-        partition_index,
-        snapshot.producer_id,
-        snapshot.received_seq_nr,
-        confirmed,
+    snapshots = (
+        consumer.snapshots() if isinstance(consumer, MergedConsumer) else [consumer.snapshot()]
     )
-    return [position]
+    g = group
+    positions = []
+    for snapshot in snapshots:
+        if not snapshot.received_seq_nr:
+            continue
+        # A new activation's Consumer counts from 0 until its first confirmation, but
+        # deliveries come in order: all before the one in flight were confirmed.
+        confirmed = snapshot.confirmed_seq_nr
+        if in_flight is not None and in_flight.producer_id == snapshot.producer_id:
+            confirmed = max(confirmed, in_flight.seq_nr - 1)
+        positions.append(
+            ConsumerPosition(
+                g.namespace,
+                g.stream,
+                g.name,
+                partition_index,
+                snapshot.producer_id,
+                snapshot.received_seq_nr,
+                confirmed,
+            )
+        )
+    return positions
+
+
+def register(consumer: Consumer | MergedConsumer, producer: Ref | ProducerSet) -> None:
+    """An activation's handle registers to its producer, or follows its set."""
+    if isinstance(consumer, MergedConsumer):
+        assert isinstance(producer, ProducerSet)  # _start_consumer chose by it
+        consumer.register_to(producer)
+    else:
+        assert not isinstance(producer, ProducerSet)
+        consumer.register_to(producer)

@@ -57,6 +57,7 @@ from pykka_delivery.coordinator._activation import (
     ActivationInterval,
     ConfirmTo,
     positions_of,
+    register,
 )
 from pykka_delivery.coordinator.client import (
     ConnectionRejected,
@@ -69,6 +70,7 @@ from pykka_delivery.coordinator.lag import ConsumerPosition
 from pykka_delivery.coordinator.state import SIMPLE, GroupId
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
 from pykka_delivery.delivery.handles.consumer import Consumer
+from pykka_delivery.delivery.handles.merged import MergedConsumer, ProducerSet
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.stores.dedup import DedupStore, DedupStoreError
 from pykka_delivery.delivery.stores.dedup_tx import transactional
@@ -104,7 +106,9 @@ class CoordinatedConsumer:
         namespace: the group's namespace.
         stream: the group's stream.
         name: the group's name.
-        producer: the producer (a `Producer`'s ref, a producer controller, a remote ref).
+        producer: the producer (a `Producer`'s ref, a producer controller, a remote ref),
+            or a `ProducerSet` of several: each activation then consumes all of them
+            through a `MergedConsumer` (one delivery at a time), following the set.
         partition_index: `SIMPLE` (-1) for a simple group, or the partition's index.
         subscription_id: default: the client's next one.
         settings: for each `Consumer` it creates.
@@ -145,7 +149,7 @@ class CoordinatedConsumer:
         namespace: str,
         stream: str,
         name: str,
-        producer: Ref,
+        producer: Ref | ProducerSet,
         *,
         partition_index: int = SIMPLE,
         subscription_id: int | None = None,
@@ -191,7 +195,7 @@ class CoordinatedConsumer:
         self._refused: CoordinatorRefused | None = None  # re-registering was refused
         # Done once the current Consumer stopped (the client's close waits for them).
         self._stop_waiters: list[concurrent.futures.Future[None]] = []
-        self._consumer: Consumer | None = None
+        self._consumer: Consumer | MergedConsumer | None = None
         self._exposed: str | None = None  # the current Consumer's name on the node
         self._in_flight: Delivery | None = None
         self._intervals: list[ActivationInterval] = []
@@ -240,7 +244,7 @@ class CoordinatedConsumer:
                 self._hooks.run()
             try:
                 if fresh:
-                    consumer.register_to(self._producer)
+                    register(consumer, self._producer)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 delivery = consumer.receive(remaining)
             except ClosedError:
@@ -350,7 +354,7 @@ class CoordinatedConsumer:
 
     def _current_consumer(
         self, deadline: float | None, timeout: float | None
-    ) -> tuple[Consumer, bool]:
+    ) -> tuple[Consumer | MergedConsumer, bool]:
         """The open `Consumer` and whether it was just created (so not registered to the
         producer yet), waiting until there is one."""
         with self._lock:
@@ -383,7 +387,7 @@ class CoordinatedConsumer:
                     raise DeliveryTimeout(msg)
                 self._changed.wait(remaining)
 
-    def _start_consumer(self) -> Consumer | None:
+    def _start_consumer(self) -> Consumer | MergedConsumer | None:
         """With the lock held: a new `Consumer` for this activation (None: its
         deduplication store holds a newer epoch already: it is fenced)."""
         factory = self._self_ref_factory
@@ -395,7 +399,8 @@ class CoordinatedConsumer:
         dedup = None
         try:
             dedup = None if self._dedup_factory is None else self._dedup_factory()
-            consumer = Consumer(
+            handle = MergedConsumer if isinstance(self._producer, ProducerSet) else Consumer
+            consumer = handle(
                 self._settings,
                 self_ref_factory=factory,
                 dedup_store=dedup,
@@ -530,7 +535,7 @@ class CoordinatedConsumer:
         future = self._client.send_activate(self.group, self.subscription_id, epoch=epoch)
         future.add_done_callback(self._answer_done)
 
-    def _fenced(self, consumer: Consumer, error: ConsumerFenced) -> None:
+    def _fenced(self, consumer: Consumer | MergedConsumer, error: ConsumerFenced) -> None:
         """A newer activation of the group shut ``consumer`` out: stop it as when cut off,
         without answering (the coordinator has moved on), and wait for the next
         activation."""

@@ -29,6 +29,7 @@ from pykka_delivery.delivery.handles.async_consumer import AsyncConsumer
 from pykka_delivery.delivery.handles.async_producer import AsyncProducer
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.handles.fan_in import FanInConsumer, FanInSettings, FanInStats
+from pykka_delivery.delivery.handles.merged import MergedConsumer, ProducerSet
 from pykka_delivery.delivery.handles.producer import Producer
 from pykka_delivery.delivery.handles.work_pulling import WorkPullingProducer
 from pykka_delivery.delivery.messages import (
@@ -118,6 +119,7 @@ __all__ = [
     "MemoryDeadLetters",
     "MemoryDedupStore",
     "MemoryDurableQueue",
+    "MergedConsumer",
     "MessageSent",
     "MessageWithConfirmation",
     "Producer",
@@ -126,6 +128,7 @@ __all__ = [
     "ProducerCore",
     "ProducerDeadLetters",
     "ProducerPhase",
+    "ProducerSet",
     "ProducerStart",
     "ProducerStats",
     "Ref",

@@ -62,13 +62,14 @@ from typing import Any, Protocol
 from pykka_delivery._fields import check_field_types
 from pykka_delivery.delivery.core.consumer_control import check_epoch
 from pykka_delivery.delivery.core.settings import ConsumerControllerSettings
+from pykka_delivery.delivery.handles._routing import split_by_producer
 from pykka_delivery.delivery.handles.consumer import Consumer
 from pykka_delivery.delivery.messages import Delivery
 from pykka_delivery.delivery.registry import ServiceRegistry, default_registry
 from pykka_delivery.delivery.stores.dedup import DedupStore
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ConsumerFenced, DeliveryError, DeliveryTimeout
-from pykka_delivery.protocol.messages import PeerLinkChanged, Ref, SequencedMessage
+from pykka_delivery.protocol.messages import Fenced, Ref
 from pykka_delivery.protocol.serialization import Serialization
 from pykka_delivery.retry import Backoff, Delays
 
@@ -369,27 +370,14 @@ class FanInConsumer:
 
     def _route(self, messages: list[Any]) -> None:
         """Hand ``messages`` on to their producers' consumers, grouped per producer id."""
-        batches: dict[str, list[Any]] = {}
-        links: list[Any] = []
-        for message in messages:
-            if type(message) is SequencedMessage:
-                batch = batches.get(message.producer_id)
-                if batch is None:
-                    batches[message.producer_id] = batch = []
-                batch.append(message)
-            elif type(message) is PeerLinkChanged:
-                links.append(message)
-            else:
-                logger.warning(
-                    "%r cannot handle %s (only SequencedMessage and PeerLinkChanged): dropped",
-                    self,
-                    type(message).__name__,
-                )
+        batches, links = split_by_producer(messages, self)
         with self._lock:
             if self._stopping.is_set():
                 return  # closed: the producers keep what is unconfirmed
             for producer_id, batch in batches.items():
-                route = self._routes.get(producer_id) or self._open_route(producer_id, batch)
+                route = self._routes.get(producer_id)
+                if route is None and any(type(m) is not Fenced for m in batch):
+                    route = self._open_route(producer_id, batch)  # not for a Fenced alone
                 if route is None:
                     continue
                 route.routed += 1
