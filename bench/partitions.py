@@ -22,28 +22,41 @@ when nothing stops. Medians over the partitions of each
 kind (and the maxima) are printed, with the unmoved partitions' longest gap in a steady
 stretch as long, before the join (the jitter of the flow itself, for comparison).
 
+Producers: one, then three named producer processes (`tests.partitions.replica_procs`,
+each registered in the coordinator's stream catalog) send ``--producer-messages`` together
+(each its share) to a group of ``--producer-members`` member processes that are given
+only the coordinator's address and find the producers in the catalog (one session per
+producer and partition), with the same members, partitions and handler for both, so the
+ratio compares the producers only. Each producer first warms up (its sessions open), then
+all start at once; timed from the first send to the last message handled, every message
+checked handled, per (producer, key) in the order sent.
+
 The machine is shared, so each configuration runs ``--repeat`` times, interleaved, and the
 best run counts (another process's load only ever slows a run down).
 
 The last line printed is one JSON object with ``consumers_1_msgs_per_s``,
 ``consumers_2_msgs_per_s``, ``consumers_4_msgs_per_s``, ``pause_ms_moved_partition``,
 ``pause_ms_unmoved_partition`` (and the ratios to one consumer, the maxima of the pauses),
+``producers_1_msgs_per_s``, ``producers_3_msgs_per_s`` and their ratio ``producers_3_vs_1``,
 ``moved_partitions_2_to_3`` and ``moved_partitions_2_to_3_modulo``: how many of the 8
 partitions change owner when a third member joins a group of two, by the sticky rule (the
 default; 2 is the fewest balance allows) and by RabbitMQ's modulo rule, on the real
 coordinator with every step-down answered.
 
 Usage: python bench/partitions.py [--messages N] [--work-us U] [--repeat K] [--rate R]
-[--quick]
+[--producer-messages N] [--producer-members M] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
 import logging
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -76,6 +89,7 @@ from tests.partitions.procs import (  # noqa: E402
     key_for,
     read_logs,
 )
+from tests.partitions.replica_procs import key_of  # noqa: E402
 from tests.transport.procs import Proc  # noqa: E402
 
 STREAM, GROUP, PARTITIONS, KEYS = "orders", "bench", 8, 256
@@ -226,6 +240,78 @@ def pause(rate: float, work_us: float) -> dict[str, Any]:
     }
 
 
+def producers(count: int, total: int, members: int, work_us: float) -> dict[str, Any]:
+    """One timed run of ``count`` named producer processes (`tests.partitions.replica_procs`,
+    registered in the coordinator's catalog) sending ``total`` messages together to a
+    group of ``members`` member processes that find them through the coordinator. Each
+    producer warms up (its sessions to every member open, a message confirmed on each
+    partition), then all are started at once (SIGUSR1); timed from the first producer's
+    first send to the last message handled."""
+    with tempfile.TemporaryDirectory(prefix="partitions-producers-") as tmp:
+        directory = Path(tmp)
+        coordinator = CoordinatorActor.start(settings=CoordinatorSettings(disconnected_timeout=1.0))
+        server = CoordinatorServer(coordinator).start()
+        procs: list[Proc] = []
+        try:
+            with CoordinatorClient(server.address) as client:
+                client.create_stream(STREAM, PARTITIONS, timeout=WAIT)
+            common = ["--coordinator", server.address, "--stream", STREAM]
+            common += ["--partitions", str(PARTITIONS), "--group", GROUP]
+            for m in range(1, members + 1):
+                argv = ["-m", "tests.partitions.replica_procs", "member", *common]
+                argv += ["--name", f"m{m}", "--dir", tmp, "--sink", "log"]
+                argv += ["--work-us", str(work_us), "--window", str(WINDOW)]
+                procs.append(Proc(f"m{m}", argv))
+            for proc in procs:
+                proc.ready(WAIT)
+            shares = [total // count + (p < total % count) for p in range(count)]
+            senders = []
+            for p, share in enumerate(shares, start=1):
+                argv = ["-m", "tests.partitions.replica_procs", "produce", *common]
+                argv += ["--name", f"p{p}", "--count", str(share), "--keys", str(KEYS)]
+                argv += ["--warmup", str(PARTITIONS * 4)]
+                senders.append(Proc(f"p{p}", argv))
+            procs += senders
+            for proc in senders:
+                proc.expect(lambda line: bool(line.get("warm")), WAIT)
+            for proc in senders:
+                os.kill(proc.pid, signal.SIGUSR1)
+            started = min(proc.expect(lambda line: "go" in line, WAIT)["go"] for proc in senders)
+            for proc in senders:
+                proc.expect(lambda line: bool(line.get("confirmed")), WAIT)
+            last = _last_handled(directory, {f"p{p}": n for p, n in enumerate(shares, start=1)})
+        finally:
+            for proc in procs:
+                proc.kill()
+            server.stop()
+            coordinator.stop()
+    seconds = last - started
+    return {"msgs_per_s": total / seconds, "seconds": seconds}
+
+
+def _last_handled(directory: Path, shares: dict[str, int]) -> float:
+    """When the last message was handled, from what the members logged (``<producer>
+    <key> <n> <time>`` per message), having checked that each message of each producer
+    (``shares``: how many it sent) was handled once, per (producer, key) in the order
+    sent."""
+    order: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    last = 0.0
+    for partition in range(PARTITIONS):
+        path = directory / f"{GROUP}-{partition}.log"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            name, key, n, at = line.split()
+            order[name, key].append(int(n))
+            last = max(last, float(at))
+    expected: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    for name, share in shares.items():
+        for i in range(share):
+            expected[name, key_of(i, KEYS)].append(i // KEYS)
+    if dict(order) != dict(expected):
+        wrong = [k for k in expected.keys() | order.keys() if order.get(k) != expected.get(k)]
+        raise RuntimeError(f"handled wrong or out of order for (producer, key) {wrong[:5]}")
+    return last
+
+
 def moved_partitions_2_to_3(assignment: str) -> int:
     """Partitions whose active owner changes when a third member joins a group of two on
     `PARTITIONS` partitions, on the real coordinator (its gRPC server, a client per member
@@ -311,20 +397,35 @@ def main() -> None:
     parser.add_argument("--work-us", type=float, default=50.0, help="CPU µs per message")
     parser.add_argument("--rate", type=float, default=2_000.0, help="msgs/s in the pause run")
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration")
+    parser.add_argument(
+        "--producer-messages", type=int, default=60_000, help="timed messages per producers run"
+    )
+    parser.add_argument(
+        "--producer-members", type=int, default=2, help="members in the producers runs"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args()
     count = 5_000 if args.quick else args.messages
+    producer_count = 3_000 if args.quick else args.producer_messages
     repeat = 1 if args.quick else args.repeat
     # grpc.aio calls back into the event loops of clients already closed, and asyncio
     # logs that at ERROR when they close: noise.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     best: dict[int, dict[str, Any]] = {}
+    best_producers: dict[int, dict[str, Any]] = {}
     for attempt in range(1, repeat + 1):
         for members in (1, 2, 4):
             result = throughput(members, count, min(args.warmup, count), args.work_us)
             print(f"{members} consumer process(es), run {attempt}: {json.dumps(result)}")
             if members not in best or result["msgs_per_s"] > best[members]["msgs_per_s"]:
                 best[members] = result
+        for senders in (1, 3):
+            result = producers(senders, producer_count, args.producer_members, 0.0)
+            print(f"{senders} producer process(es), run {attempt}: {json.dumps(result)}")
+            if senders not in best_producers or (
+                result["msgs_per_s"] > best_producers[senders]["msgs_per_s"]
+            ):
+                best_producers[senders] = result
     moved = {rule: moved_partitions_2_to_3(rule) for rule in ("sticky", "modulo")}
     print(f"partitions moved when a third member joins two: {json.dumps(moved)}")
     pauses = pause(args.rate, args.work_us)
@@ -336,6 +437,11 @@ def main() -> None:
         figures[f"consumers_{members}_vs_1"] = (
             figures[f"consumers_{members}_msgs_per_s"] / figures["consumers_1_msgs_per_s"]
         )
+    for senders, result in best_producers.items():
+        figures[f"producers_{senders}_msgs_per_s"] = result["msgs_per_s"]
+    figures["producers_3_vs_1"] = (
+        figures["producers_3_msgs_per_s"] / figures["producers_1_msgs_per_s"]
+    )
     figures["pause_ms_moved_partition"] = statistics.median(pauses["pause_ms_moved"])
     figures["pause_ms_moved_partition_max"] = max(pauses["pause_ms_moved"])
     figures["pause_ms_unmoved_partition"] = statistics.median(pauses["pause_ms_unmoved"])

@@ -12,10 +12,13 @@ hands it to one `Producer` per (group, partition), wrapped with its key (`envelo
 coordinator as a partitioned single-active-consumer group, consumes the partitions it is
 given and calls a handler with each `GroupDelivery`. Both name their partitions' groups
 and producers, and read a stream's partition count from the coordinator, through
-`catalog`; their settings and statistics are in `records`. See docs/partitions.md.
+`catalog`; their settings and statistics are in `records`. A named producer registers
+in the coordinator's stream catalog, where members find every producer of a stream
+(`_discovery`); a `GroupConsumer` follows several streams, or name patterns, of a group.
+See docs/partitions.md.
 """
 
-from pykka_delivery.partitions.catalog import partition_stream, producer_id
+from pykka_delivery.partitions.catalog import consumer_id, partition_stream, producer_id
 from pykka_delivery.partitions.config import (
     DEFAULT_MAX_PARTITIONS,
     ConfigError,
@@ -31,6 +34,7 @@ from pykka_delivery.partitions.config import (
 )
 from pykka_delivery.partitions.envelope import KEYED_MESSAGE_NAME, Key, KeyedMessage
 from pykka_delivery.partitions.group import DEFAULT_NAMESPACE, GroupMember
+from pykka_delivery.partitions.group_consumer import GroupConsumer
 from pykka_delivery.partitions.producer import PartitionedProducer
 from pykka_delivery.partitions.records import (
     GroupDelivery,
@@ -54,6 +58,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "GroupConfig",
+    "GroupConsumer",
     "GroupDelivery",
     "GroupMember",
     "GroupMemberSettings",
@@ -70,6 +75,7 @@ __all__ = [
     "StreamConfig",
     "StreamGrowth",
     "check_growth",
+    "consumer_id",
     "dump_config",
     "kept_fraction",
     "load_config",

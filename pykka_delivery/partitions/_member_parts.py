@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pykka_delivery.coordinator.coordinated_consumer import ActivationInterval
+from pykka_delivery.delivery.handles.producer_set import ProducerSet
 from pykka_delivery.delivery.stores.backends import is_postgres_url
 from pykka_delivery.delivery.stores.dedup import DedupStore, SqliteDedupSettings, SqliteDedupStore
-from pykka_delivery.partitions.catalog import producer_id
+from pykka_delivery.partitions.catalog import consumer_id, producer_id
 from pykka_delivery.protocol.messages import Ref
 
 if TYPE_CHECKING:
@@ -24,10 +25,15 @@ shared by members on any host), or a factory: partition -> a new store."""
 
 
 def producer_ref(
-    producer: str | Callable[[int], Ref], node: Node | None, stream: str, group: str, p: int
-) -> Ref:
+    producer: str | Callable[[int], Ref | ProducerSet],
+    node: Node | None,
+    stream: str,
+    group: str,
+    p: int,
+) -> Ref | ProducerSet:
     """Group ``group``'s producer of partition ``p``: at the node address ``producer``
-    (reached through ``node``), or ``producer(p)``."""
+    (reached through ``node``), or ``producer(p)`` (a ref, or the set of the stream's
+    producers found in the catalog)."""
     if not isinstance(producer, str):
         return producer(p)
     assert node is not None
@@ -48,7 +54,7 @@ def dedup_factory(
         return None
     if callable(source):
         return lambda: source(p)
-    consumer_id = producer_id(stream, p, group)
+    store_id = consumer_id(stream, p, group)
     if is_postgres_url(source):
         from pykka_delivery.delivery.stores.dedup_postgres import (  # noqa: PLC0415
             PostgresDedupSettings,  # the [postgres] extra, for a URL only
@@ -60,8 +66,8 @@ def dedup_factory(
             flush_every=sqlite.flush_every, lock_timeout=sqlite.lock_timeout
         )
         url = source
-        return lambda: PostgresDedupStore(url, consumer_id, shared)
-    return lambda: SqliteDedupStore(source, consumer_id, settings)
+        return lambda: PostgresDedupStore(url, store_id, shared)
+    return lambda: SqliteDedupStore(source, store_id, settings)
 
 
 def for_partition(

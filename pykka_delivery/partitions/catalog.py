@@ -14,7 +14,13 @@ from pykka_delivery.coordinator.commands import Refusal
 # The coordinator's lag query matches partitions' streams too, so the rule lives there.
 from pykka_delivery.coordinator.stream_rules import partition_stream
 
-__all__ = ["DEFAULT_NAMESPACE", "catalog_partitions", "partition_stream", "producer_id"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "catalog_partitions",
+    "consumer_id",
+    "partition_stream",
+    "producer_id",
+]
 
 DEFAULT_NAMESPACE = "default"
 """The coordinator namespace of a `GroupMember` (and its producer's positions) not given
@@ -66,8 +72,23 @@ def catalog_partitions(
     return partitions
 
 
-def producer_id(stream: str, partition: int, group: str) -> str:
-    """The producer id of group ``group``'s stream of partition ``partition``,
-    ``"<stream>-<partition>:<group>"``; also its name on the producer's transport node
-    and, for a `GroupMember` with a deduplication store, its consumer id there."""
-    return f"{partition_stream(stream, partition)}:{group}"
+def producer_id(stream: str, partition: int, group: str, producer: str = "") -> str:
+    """The producer id of group ``group``'s stream of partition ``partition``: also its
+    name on the producer's transport node.
+
+    ``"<stream>-<partition>:<group>"`` for a producer without a name (the one producer of
+    a stream wired by address), ``"<stream>-<partition>:<group>@<producer>"`` for producer
+    ``producer`` of the stream's catalog: every replica of a stream has its own ids, and
+    a replica that restarts under its name has the same ones (its durable queue resumes).
+    A name has no ``@`` or ``:``, so distinct (stream, partition, group, producer) never
+    share an id."""
+    base = f"{partition_stream(stream, partition)}:{group}"
+    return f"{base}@{producer}" if producer else base
+
+
+def consumer_id(stream: str, partition: int, group: str) -> str:
+    """The consumer id of group ``group`` on partition ``partition`` in a deduplication
+    store, ``"<stream>-<partition>:<group>"``: one per (group, partition), whichever
+    member holds it, with one position per producer id inside (the group's progress on
+    that partition, per producer)."""
+    return producer_id(stream, partition, group)

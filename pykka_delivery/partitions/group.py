@@ -5,19 +5,18 @@ Theory of operation:
 * Every member of group g registers, through its process's `CoordinatorClient`, one
   subscription per partition p of the stream: a partitioned single-active-consumer group
   with key ``GroupId(namespace, "<stream>-<p>", g)`` and partition index p (a super
-  stream's partition, as RabbitMQ models it). The coordinator makes
-  ``eligible[p % len(eligible)]`` active in each, the eligible members in the order they
-  registered, so N members share the partitions evenly when they joined one after the
-  other.
-* A join or a leave changes ``len(eligible)``: each partition whose chosen member changes
-  is handed over by a step-down (the old member finishes its delivery in flight, stops,
-  answers, and only then the new one starts); the partitions whose chosen member stays
-  keep flowing. Doubling or halving the members moves only the partitions that must
-  move (1 -> 2 members: the odd ones; 2 -> 4: p % 4 in {2, 3}); other counts may move
-  more than the least possible, as the modulo rule decides.
+  stream's partition, as RabbitMQ models it). The coordinator shares the partitions by
+  its ``partition_assignment``: the sticky rule by default (balanced, moving the fewest
+  partitions on a join or leave), or RabbitMQ's ``eligible[p % len(eligible)]``.
+* A join or a leave hands over each partition whose chosen member changes by a
+  step-down (the old member finishes its delivery in flight, stops, answers, and only
+  then the new one starts); the other partitions keep flowing.
 * Per partition a `CoordinatedConsumer` consumes, only while active, group g's stream of
-  that partition from the stream's `PartitionedProducer` (registering to it at each
-  activation, so the producer resends from the first message nobody confirmed).
+  that partition: from every producer of the stream found in the coordinator's stream
+  catalog (the default: one session per producer behind one ref, a `MergedConsumer`,
+  following producers that join or leave without any rebalance, see `_discovery`), or
+  from the one producer it was given. It registers to each producer at each activation,
+  so a producer resends from the first message nobody confirmed.
 * Delivery to the application: a handler callback. One thread per partition takes the
   partition's deliveries one at a time and calls ``handler(GroupDelivery)`` (partition,
   key, message, producer id, seq_nr); when it returns, the delivery is confirmed. So a
@@ -33,19 +32,21 @@ Theory of operation:
   but not handled, or still in the handler past the grace, stays unconfirmed with the
   producer, for the next member.
 * Growth: `grow` registers the member in the groups of a grown stream's new partitions
-  (the coordinator's modulo rule spreads them as the old ones) and starts their
-  threads; the partitions it had keep flowing. The producer's own `grow` is the barrier
-  that keeps per-key order across the growth.
+  (the coordinator spreads them as the old ones) and starts their threads; the
+  partitions it had keep flowing. The producer's own `grow` is the barrier that keeps
+  per-key order across the growth. A member that finds its producers in the catalog
+  grows by itself when the coordinator pushes a growth.
 * Exactly-once effect across hand-overs, optional: with a deduplication store each
-  activation of partition p opens the store for consumer id ``producer_id(stream, p, g)``
-  (its position per producer id is the group's progress on that partition), skips what
+  activation of partition p opens the store for consumer id ``consumer_id(stream, p, g)``
+  (its position per producer id is the group's progress on that partition, per
+  producer), skips what
   was confirmed before (a message at or below the stored position is confirmed without
   being delivered, so a lower confirmation never moves the position back), records each
   confirmation, and closes the store before it answers a step-down, so the next member
   opens it. One consumer id per (group, partition), not per group: a store holds its
   consumer id against every other opener (docs/durable.md), and a member may hold
   several partitions while other members hold the rest. With a transactional store
-  (``dedup_store=lambda p: SqliteTxDedupStore(db, producer_id(stream, p, group))``) the
+  (``dedup_store=lambda p: SqliteTxDedupStore(db, consumer_id(stream, p, group))``) the
   handler applies its effect in ``delivery.transaction(conn)``, so the effect and the
   position commit together: exactly once even when a member is killed mid-flow.
 """
@@ -59,16 +60,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pykka_delivery.coordinator.client import CoordinatorClient, CoordinatorRefused
+from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.coordinated_consumer import (
     ActivationInterval,
     CoordinatedConsumer,
 )
 from pykka_delivery.coordinator.state import SIMPLE
-from pykka_delivery.delivery.messages import Delivery
-from pykka_delivery.delivery.stores.dedup_tx import AlreadyApplied
+from pykka_delivery.delivery.handles.producer_set import ProducerSet
 from pykka_delivery.delivery.timers import TimerService
-from pykka_delivery.errors import ClosedError, DeliveryError, LocalProtocolError
+from pykka_delivery.errors import ClosedError, DeliveryError
+from pykka_delivery.partitions._catalog_watches import GrowthFollower
+from pykka_delivery.partitions._discovery import StreamProducers
+from pykka_delivery.partitions._member_loops import PartitionLoops
 from pykka_delivery.partitions._member_parts import (
     DedupSource,
     dedup_factory,
@@ -81,10 +84,10 @@ from pykka_delivery.partitions.catalog import (
     partition_stream,
 )
 from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
-from pykka_delivery.partitions.envelope import unwrap
 from pykka_delivery.partitions.records import GroupDelivery, GroupMemberSettings, GroupMemberStats
 from pykka_delivery.protocol.messages import Ref
 from pykka_delivery.protocol.serialization import Serialization
+from pykka_delivery.retry import Backoff
 
 if TYPE_CHECKING:
     from pykka_delivery.transport.node import Node
@@ -101,7 +104,7 @@ __all__ = [
 logger = logging.getLogger("pykka_delivery.partitions")
 
 
-class GroupMember:
+class GroupMember(PartitionLoops):
     """This process's member of consumer group ``group`` on a partitioned stream.
 
     ::
@@ -109,9 +112,7 @@ class GroupMember:
         def handle(delivery: GroupDelivery) -> None:
             print(delivery.partition, delivery.key, delivery.message)
 
-        member = GroupMember(
-            client, "orders", 8, "billing", producer=producer_address, handler=handle, node=node
-        )
+        member = GroupMember(client, "orders", 8, "billing", handler=handle, node=node)
         ...
         member.close()  # lets the handlers finish, then hands the partitions over
 
@@ -121,16 +122,23 @@ class GroupMember:
         stream: the stream's name.
         partitions: its partition count.
         group: the consumer group's name.
-        producer: where the stream's `PartitionedProducer` is: the ``host:port`` of its
-            transport node (then ``node`` is required), or a function from a partition to
-            the ref of group ``group``'s producer of it (``partitioned.ref(group, p)``
-            in one process).
         handler: called with each `GroupDelivery`, on the partition's thread; the
             delivery is confirmed when it returns. Handlers of different partitions run
             at the same time.
+        producer: None (the default): the stream's producers are found in the
+            coordinator's stream catalog (named producers register there):
+            for each partition it owns the member consumes from every producer at once,
+            one session per producer behind one ref (`MergedConsumer`), opens a session
+            to a producer that joins and closes that of one that leaves without any
+            rebalance, and grows with the stream when the coordinator pushes a growth.
+            Or where the stream's one unnamed `PartitionedProducer` is: the ``host:port``
+            of its transport node, or a function from a partition to the ref of group
+            ``group``'s producer of it (``partitioned.ref(group, p)`` in one process).
+            ``node`` is required but for a function.
         node: the transport node each partition's consumer is exposed on at each
             activation, so that a producer in another process reaches it.
         namespace: the coordinator namespace of the group. Default `DEFAULT_NAMESPACE`.
+        catalog_namespace: the stream's namespace in the catalog. Default ``""``.
         settings: see `GroupMemberSettings`.
         dedup_store: turns on deduplication across hand-overs: the path of an SQLite
             file shared by the group's members (a `SqliteDedupStore` is opened per
@@ -170,10 +178,11 @@ class GroupMember:
         partitions: int,
         group: str,
         *,
-        producer: str | Callable[[int], Ref],
         handler: Callable[[GroupDelivery], None],
+        producer: str | Callable[[int], Ref] | None = None,
         node: Node | None = None,
         namespace: str = DEFAULT_NAMESPACE,
+        catalog_namespace: str = "",
         settings: GroupMemberSettings | None = None,
         dedup_store: DedupSource | None = None,
         serialization: Serialization | None = None,
@@ -184,10 +193,11 @@ class GroupMember:
     ) -> None:
         StreamConfig(stream, partitions)
         GroupConfig(group, (stream,))
-        if isinstance(producer, str) and node is None:
+        if (producer is None or isinstance(producer, str)) and node is None:
+            what = "the producers of the catalog are" if producer is None else "the producer is"
             msg = (
-                f"GroupMember of {group!r}: producer {producer!r} is a node address, so give "
-                f"node= (this process's transport node) to reach it"
+                f"GroupMember of {group!r} on {stream!r}: {what} reached through a transport "
+                f"node: give node= (this process's transport node)"
             )
             raise ValueError(msg)
         self.settings = settings = settings or GroupMemberSettings()
@@ -210,13 +220,31 @@ class GroupMember:
         self.errors: list[BaseException] = []
         """What stopped a partition's consumer (a refusal, a failing store), oldest first."""
 
+        self._follower: GrowthFollower | None = None
+        self._producers: StreamProducers | None = None
+        source: str | Callable[[int], Ref | ProducerSet]
+        if producer is None:
+            assert node is not None
+            self._producers = StreamProducers(
+                client,
+                stream,
+                group,
+                node,
+                namespace=catalog_namespace,
+                on_partitions=self._on_catalog_partitions,
+                timeout=settings.registration_timeout,
+            )
+            source = self._producers.for_partition
+        else:
+            source = producer
+
         def join(partition: int) -> CoordinatedConsumer:
             return CoordinatedConsumer(
                 client,
                 namespace,
                 partition_stream(stream, partition),
                 group,
-                producer_ref(producer, node, stream, group, partition),
+                producer_ref(source, node, stream, group, partition),
                 partition_index=partition if spread else SIMPLE,
                 settings=settings.consumer,
                 serialization=serialization,
@@ -239,11 +267,21 @@ class GroupMember:
             for consumer in self._consumers:
                 with contextlib.suppress(DeliveryError):
                     consumer.close(timeout=settings.registration_timeout)
+            if self._producers is not None:
+                self._producers.close()
             raise
         self._grow_lock = threading.Lock()  # one growth at a time
         self._threads = [self._thread(partition) for partition in range(partitions)]
         for thread in self._threads:
             thread.start()
+        if self._producers is not None:
+            self._follower = GrowthFollower(
+                f"GroupMember {group!r} of {stream!r}",
+                lambda: self.partitions,
+                self.grow,
+                Backoff(settings.retry_backoff_min, settings.retry_backoff_max),
+            )
+            self._follower.want(self._producers.partitions)  # a growth listed meanwhile
 
     @classmethod
     def from_config(
@@ -253,8 +291,8 @@ class GroupMember:
         group: str,
         client: CoordinatorClient,
         *,
-        producer: str | Callable[[int], Ref],
         handler: Callable[[GroupDelivery], None],
+        producer: str | Callable[[int], Ref] | None = None,
         **kwargs: Any,
     ) -> GroupMember:
         """A member of ``group`` on ``stream`` as ``config`` declares them (the partition
@@ -290,8 +328,8 @@ class GroupMember:
         stream: str,
         group: str,
         *,
-        producer: str | Callable[[int], Ref],
         handler: Callable[[GroupDelivery], None],
+        producer: str | Callable[[int], Ref] | None = None,
         catalog_namespace: str = "",
         create_with: int | None = None,
         timeout: float | None = None,
@@ -311,7 +349,16 @@ class GroupMember:
         partitions = catalog_partitions(
             client, stream, namespace=catalog_namespace, create_with=create_with, timeout=timeout
         )
-        return cls(client, stream, partitions, group, producer=producer, handler=handler, **kwargs)
+        return cls(
+            client,
+            stream,
+            partitions,
+            group,
+            producer=producer,
+            handler=handler,
+            catalog_namespace=catalog_namespace,
+            **kwargs,
+        )
 
     # --- state --------------------------------------------------------------------------
 
@@ -410,6 +457,17 @@ class GroupMember:
         )
         return self.grow(count)
 
+    def producers(self) -> tuple[str, ...]:
+        """The names of the stream's producers in the catalog's last listing (members that
+        find their producers there; () for one given by address)."""
+        return () if self._producers is None else self._producers.names()
+
+    def _on_catalog_partitions(self, partitions: int) -> None:
+        """On the client's thread: the catalog lists ``partitions``; grow to it."""
+        follower = self._follower
+        if follower is not None:  # else the constructor catches up when it makes it
+            follower.want(partitions)
+
     # --- leaving --------------------------------------------------------------------------
 
     def close(self, grace: float | None = None) -> None:
@@ -427,6 +485,11 @@ class GroupMember:
                 return
             self._closed = True
             self._stopping.set()
+        if self._follower is not None:
+            self._follower.close(self.settings.registration_timeout)
+        if self._producers is not None:
+            self._producers.close()
+        with self._lock:
             if not self._idle.wait_for(lambda: self._busy <= own, grace):
                 logger.warning(
                     "GroupMember %r of %r: the handler still runs on partition(s) %s after "
@@ -465,136 +528,3 @@ class GroupMember:
         if self._closed:
             msg = f"GroupMember {self.group!r} of {self.stream!r} is closed"
             raise ClosedError(msg)
-
-    def _consume(self, partition: int) -> None:
-        """A partition's thread: its deliveries, one at a time, while this member is its
-        active consumer (it waits in between). A consumer that fails (its deduplication
-        store) leaves the partition's group and joins it again after a backoff."""
-        delay = self.settings.retry_backoff_min
-        while True:
-            consumer = self._consumers[partition]
-            try:
-                delivery = consumer.receive()
-            except ClosedError:
-                return
-            except CoordinatorRefused as error:
-                # Logged by the client: the coordinator lost this subscription, and the
-                # group now has another partition index. Joining again would be refused.
-                self.errors.append(error)
-                return
-            except DeliveryError as error:
-                # Its deduplication store failed to open: the next receive tries again.
-                if not self._back_off(partition, "opening its deduplication store", error, delay):
-                    return
-                delay = min(delay * 2, self.settings.retry_backoff_max)
-                continue
-            delay = self.settings.retry_backoff_min
-            with self._lock:
-                if self._stopping.is_set():
-                    return  # leaving: unconfirmed, so the next member gets it
-                self._busy.add(partition)
-            try:
-                handled = self._handle(partition, delivery)
-            except DeliveryError as error:  # confirming failed: the store gave up
-                handled = self._rejoin(partition, error)
-            finally:
-                with self._lock:
-                    self._busy.discard(partition)
-                    self._idle.notify_all()
-            if not handled:
-                return
-
-    def _back_off(self, partition: int, doing: str, error: BaseException, delay: float) -> bool:
-        """Log a failure, count it and wait ``delay``; False if this member closed."""
-        with self._lock:
-            self._failures += 1
-        logger.warning(
-            "GroupMember %r of %r: partition %d failed %s (%s); trying again in %.3g s",
-            self.group,
-            self.stream,
-            partition,
-            doing,
-            error,
-            delay,
-        )
-        return not self._stopping.wait(delay)
-
-    def _rejoin(self, partition: int, error: BaseException) -> bool:
-        """The partition's consumer failed for good (its delivery in flight stays
-        unconfirmed): leave the partition's group, so another member can take it over,
-        and join again at the back. False if this member closed meanwhile."""
-        self.errors.append(error)
-        old = self._consumers[partition]
-        with contextlib.suppress(DeliveryError):
-            old.close(timeout=self.settings.registration_timeout)
-        delay = self.settings.retry_backoff_min
-        while self._back_off(partition, "confirming, so it joins again", error, delay):
-            try:
-                new = self._join(partition)
-            except DeliveryError as failure:
-                error = failure
-                delay = min(delay * 2, self.settings.retry_backoff_max)
-                continue
-            with self._lock:
-                self._retired[partition].append(old)
-                self._consumers[partition] = new
-                if not self._stopping.is_set():
-                    return True
-            new.close(timeout=self.settings.registration_timeout)  # closed meanwhile
-            return False
-        return False
-
-    def _handle(self, partition: int, delivery: Delivery) -> bool:
-        """Call the handler until it returns, then confirm; False if this member closed
-        meanwhile (the delivery stays unconfirmed)."""
-        delay = self.settings.retry_backoff_min
-        store = self._consumers[partition].active_dedup_store
-        while True:
-            try:
-                key, message = unwrap(delivery.message, self._serialization)
-                self._handler(
-                    GroupDelivery(
-                        self.stream,
-                        partition,
-                        self.group,
-                        key,
-                        message,
-                        delivery.producer_id,
-                        delivery.seq_nr,
-                        store,
-                    )
-                )
-                break
-            except AlreadyApplied:  # from record_in: applied before, so it is handled
-                break
-            except Exception:
-                with self._lock:
-                    self._failures += 1
-                logger.exception(
-                    "GroupMember %r of %r: the handler failed on partition %d seq_nr %d; "
-                    "calling it again in %.3g s",
-                    self.group,
-                    self.stream,
-                    partition,
-                    delivery.seq_nr,
-                    delay,
-                )
-                if self._stopping.wait(delay):
-                    return False
-                delay = min(delay * 2, self.settings.retry_backoff_max)
-        try:
-            delivery.confirm()
-        except LocalProtocolError:
-            # Closed past the grace: the consumer stopped and the delivery went back.
-            logger.warning(
-                "GroupMember %r of %r: partition %d seq_nr %d was handled after the member "
-                "left; the next member may handle it again",
-                self.group,
-                self.stream,
-                partition,
-                delivery.seq_nr,
-            )
-            return False
-        with self._lock:
-            self._handled[partition] += 1
-        return True

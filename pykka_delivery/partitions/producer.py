@@ -46,37 +46,45 @@ Theory of operation:
   client reports each (group, partition) producer's position at every
   ``report_interval``, read from its snapshot then (docs/coordinator.md, "Lag").
 
-Limits. One `PartitionedProducer` per stream: the producer ids (and the names on the
-node) are the same in every process, so two live producers of one stream would take each
-other's consumers. Several processes producing to one stream need a stream each (or one
-process gathering their messages).
+* Replicas: a producer with a ``name`` has producer ids of its own
+  (``producer_id(stream, p, g, name)``), so any number of named producers (one per
+  service replica) send to one stream. Given a coordinator and a node it is listed in the
+  coordinator's stream catalog (`CatalogPresence`), where the members find it and open a
+  session to it per partition they own; it follows the stream's growth the coordinator
+  pushes, and leaves the catalog when it closes, after its messages are confirmed.
+  Without a name, the producer ids are the same in every process: one such producer per
+  stream, reached by its address.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pykka_delivery.coordinator.client import CoordinatorClient
 from pykka_delivery.coordinator.stream_rules import name_problem
 from pykka_delivery.delivery.handles.producer import Producer
-from pykka_delivery.delivery.stores.backends import is_postgres_url
 from pykka_delivery.delivery.stores.durable_queue import DurableProducerQueue, DurableQueueError
-from pykka_delivery.delivery.stores.durable_sqlite import SqliteDurableQueue
 from pykka_delivery.delivery.timers import TimerService
 from pykka_delivery.errors import ClosedError, DeliveryTimeout
 from pykka_delivery.partitions._positions import ProducerPositions
+from pykka_delivery.partitions._presence import CatalogPresence
+from pykka_delivery.partitions._producer_parts import (
+    DurableQueueSource,
+    check_groups,
+    open_queue,
+    send_timeout,
+)
 from pykka_delivery.partitions.catalog import (
     DEFAULT_NAMESPACE,
     catalog_partitions,
     partition_stream,
     producer_id,
 )
-from pykka_delivery.partitions.config import GroupConfig, PartitionsConfig, StreamConfig
+from pykka_delivery.partitions.config import PartitionsConfig, StreamConfig
 from pykka_delivery.partitions.envelope import Key, wrap
 from pykka_delivery.partitions.records import PartitionedProducerSettings, PartitionedProducerStats
 from pykka_delivery.partitions.routing import Router
@@ -98,10 +106,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pykka_delivery.partitions")
-
-DurableQueueSource = str | os.PathLike[str] | Callable[[str], DurableProducerQueue]
-"""An SQLite file for every (group, partition) queue, a ``postgresql://`` URL (one database
-for them), or a factory: producer id -> queue."""
 
 
 class PartitionedProducer:
@@ -136,12 +140,24 @@ class PartitionedProducer:
         namespace: the coordinator namespace of the groups' members (`GroupMember`'s
             ``namespace``), under which the positions are reported. Default
             `DEFAULT_NAMESPACE`.
+        name: this producer's name among the stream's producers (a replica's stable
+            name, e.g. ``"web-1"``: letters, digits, ``.``, ``_``, ``-``). Its producer
+            ids are then ``producer_id(stream, p, g, name)``, its own, so any number of
+            named producers run on one stream; the same name after a restart finds its
+            durable queue again. With ``coordinator`` and ``node`` it registers in the
+            coordinator's stream catalog (members find it there), follows the stream's
+            growth pushed by the coordinator, and leaves the catalog on `close`. None
+            (the default): the one producer of the stream, reached by its address.
+        catalog_namespace: the stream's namespace in the catalog. Default ``""``.
 
     Raises:
         ValueError: a bad name, partition count, group list or namespace, or ``start``
             out of range.
         DurableQueueError: a durable queue could not be opened or loaded (those opened
             are closed again).
+        CoordinatorRefused: a named producer's registration in the catalog was refused
+            (``"stream_not_found"``: create the stream first, as `from_coordinator`
+            does; ``"producer_conflict"``: another live producer has that name).
     """
 
     def __init__(
@@ -158,13 +174,18 @@ class PartitionedProducer:
         start: int | None = None,
         coordinator: CoordinatorClient | None = None,
         namespace: str = DEFAULT_NAMESPACE,
+        name: str | None = None,
+        catalog_namespace: str = "",
     ) -> None:
         StreamConfig(stream, partitions)  # checks the name and the count
-        groups = _check_groups(stream, groups)
-        problem = name_problem("namespace", namespace)
-        if problem is not None:
-            msg = f"PartitionedProducer {stream!r}: {problem}"
-            raise ValueError(msg)
+        groups = check_groups(stream, groups)
+        for kind, value in (("namespace", namespace), ("producer", name)):
+            problem = None if value is None else name_problem(kind, value)
+            if problem is not None:
+                msg = f"PartitionedProducer {stream!r}: {problem}"
+                raise ValueError(msg)
+        self.name = name or ""
+        self._presence: CatalogPresence | None = None
         self.settings = settings = settings or PartitionedProducerSettings()
         self.stream = stream
         self.partitions = partitions
@@ -192,6 +213,14 @@ class PartitionedProducer:
             self._positions = ProducerPositions(
                 coordinator, namespace, stream, groups=groups, rows=lambda: self._producers
             )
+            if name and node is not None:
+                try:
+                    self._presence = CatalogPresence(
+                        self, coordinator, name, node.address, catalog_namespace
+                    )
+                except BaseException:
+                    self.close()
+                    raise
 
     @classmethod
     def from_config(
@@ -225,7 +254,12 @@ class PartitionedProducer:
         catalog lacks). ``catalog_namespace`` is the stream's namespace in the catalog;
         ``timeout`` bounds each request to the coordinator; ``kwargs`` as for the
         constructor. The producer reports its positions through ``client`` unless
-        ``coordinator=None`` is given.
+        ``coordinator=None`` is given; given a ``name`` and a ``node`` it registers in
+        the catalog, where members find it::
+
+            producer = PartitionedProducer.from_coordinator(
+                client, "clicks", ["totals"], name="web-1", node=node, create_with=8
+            )
 
         Raises:
             KeyError, CoordinatorRefused, ...: as `catalog_partitions`.
@@ -235,7 +269,7 @@ class PartitionedProducer:
             client, stream, namespace=catalog_namespace, create_with=create_with, timeout=timeout
         )
         kwargs.setdefault("coordinator", client)
-        return cls(stream, partitions, groups, **kwargs)
+        return cls(stream, partitions, groups, catalog_namespace=catalog_namespace, **kwargs)
 
     # --- sending -------------------------------------------------------------------------
 
@@ -264,7 +298,7 @@ class PartitionedProducer:
             lock = self._locks[partition]
             wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
             if not lock.acquire(timeout=wait):
-                raise self._timeout(partition, None, timeout)
+                raise send_timeout(self.stream, partition, None, timeout)
             if self._router is router:
                 break
             # The stream grew while this send waited (`grow` held every lock): the key may
@@ -278,7 +312,9 @@ class PartitionedProducer:
                 try:
                     producer.wait_for_demand(remaining)
                 except DeliveryTimeout:
-                    raise self._timeout(partition, self.groups[index], timeout) from None
+                    raise send_timeout(
+                        self.stream, partition, self.groups[index], timeout
+                    ) from None
             try:
                 for producer in producers:
                     # Cannot block: it has demand, and only this thread sends on it.
@@ -368,7 +404,7 @@ class PartitionedProducer:
                 return False
             for partition, lock in enumerate(self._locks):
                 if not lock.acquire(timeout=remaining()):
-                    raise self._timeout(partition, None, timeout, growing=True)
+                    raise send_timeout(self.stream, partition, None, timeout, growing=True)
                 held.append(lock)
             self._barrier(deadline, timeout)
             rows = list(self._producers)
@@ -454,7 +490,27 @@ class PartitionedProducer:
     def close(self) -> None:
         """Close every producer (unconfirmed messages are not resent any more: call
         `wait_confirmed` first, or use a durable queue), withdraw their names from the
-        node, and close the durable queues this producer opened from a path. Idempotent."""
+        node, and close the durable queues this producer opened from a path. Idempotent.
+
+        A producer in the catalog leaves gracefully first: it waits up to
+        ``settings.leave_timeout`` for every group to confirm what was sent (what is still
+        unconfirmed then is logged; a durable queue keeps it for a restart under the same
+        name), then withdraws its entry, so its members close its sessions."""
+        presence, self._presence = self._presence, None
+        if presence is not None and not self._closed:
+            try:
+                self.wait_confirmed(self.settings.leave_timeout)
+            except DeliveryTimeout as error:
+                logger.warning(
+                    "PartitionedProducer %r (%s) leaves with messages unconfirmed after %.3g s "
+                    "(%s); a durable queue resends them when it restarts under its name",
+                    self.stream,
+                    self.name,
+                    self.settings.leave_timeout,
+                    error,
+                )
+        if presence is not None:
+            presence.leave()
         self._closed = True
         if self._positions is not None:
             self._positions.close()
@@ -480,7 +536,7 @@ class PartitionedProducer:
         row: list[Producer] = []
         rows.append(row)
         for group in self.groups:
-            pid = producer_id(self.stream, partition, group)
+            pid = producer_id(self.stream, partition, group, self.name)
             row.append(
                 Producer(
                     pid,
@@ -488,30 +544,15 @@ class PartitionedProducer:
                     serialization=self._serialization,
                     timer_service=self._timer_service,
                     self_ref_factory=None if self._node is None else self._node.expose(pid),
-                    durable_queue=self._open_queue(self._durable_queue, pid),
+                    durable_queue=open_queue(
+                        self._durable_queue,
+                        pid,
+                        self.settings.durable_queue,
+                        self._serialization,
+                        self._owned_queues,
+                    ),
                 )
             )
-
-    def _open_queue(
-        self, source: DurableQueueSource | None, pid: str
-    ) -> DurableProducerQueue | None:
-        if source is None:
-            return None
-        if callable(source):
-            return source(pid)
-        queue: DurableProducerQueue
-        if is_postgres_url(source):
-            from pykka_delivery.delivery.stores.durable_postgres import (  # noqa: PLC0415
-                PostgresDurableQueue,  # the [postgres] extra, for a URL only
-            )
-
-            queue = PostgresDurableQueue(source, pid, serialization=self._serialization)
-        else:
-            queue = SqliteDurableQueue(
-                source, pid, self.settings.durable_queue, serialization=self._serialization
-            )
-        self._owned_queues.append(queue)
-        return queue
 
     def _check_open(self) -> None:
         if self._closed:
@@ -541,45 +582,3 @@ class PartitionedProducer:
                 producer.close()
                 if self._node is not None:
                     self._node.unregister(producer.producer_id)
-
-    def _timeout(
-        self, partition: int, group: str | None, timeout: float | None, *, growing: bool = False
-    ) -> DeliveryTimeout:
-        if growing:
-            msg = (
-                f"PartitionedProducer {self.stream!r} could not grow: a send held partition "
-                f"{partition} for {timeout} s (it waits for demand); nothing changed"
-            )
-            return DeliveryTimeout(msg)
-        if group is None:
-            why = (
-                "another thread was sending on it all that time, or the stream was growing "
-                "(grow waits until every message sent before it is confirmed)"
-            )
-        else:
-            why = (
-                f"group {group!r} had no room (its active consumer of the partition is "
-                f"slow, or there is none)"
-            )
-        msg = (
-            f"PartitionedProducer {self.stream!r}: partition {partition} took no message "
-            f"within {timeout} s: {why}; no group got the message"
-        )
-        return DeliveryTimeout(msg)
-
-
-def _check_groups(stream: str, groups: Sequence[str]) -> tuple[str, ...]:
-    """The groups as a tuple, checked as a `GroupConfig` would check them."""
-    if isinstance(groups, str):
-        msg = f"groups must be a list of group names, got the str {groups!r}; write [{groups!r}]"
-        raise ValueError(msg)
-    checked = tuple(groups)
-    if not checked:
-        msg = f"stream {stream!r}: give at least one consumer group (nobody would get its messages)"
-        raise ValueError(msg)
-    if len(set(checked)) < len(checked):
-        msg = f"stream {stream!r}: a group is listed twice in {list(checked)}"
-        raise ValueError(msg)
-    for group in checked:
-        GroupConfig(group, (stream,))  # checks the name
-    return checked

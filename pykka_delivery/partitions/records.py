@@ -45,11 +45,37 @@ class PartitionedProducerSettings:
         durable_queue: the settings of the `SqliteDurableQueue` opened per (group,
             partition) when a path is given; None (the default): `SqliteQueueSettings`
             defaults.
+
+    A producer with a ``name`` in the coordinator's catalog also uses:
+
+    Attributes:
+        registration_timeout: how long its registration in the catalog (and each
+            re-registration after a growth) may wait for the coordinator. Default 30.
+        leave_timeout: how long `PartitionedProducer.close` waits for every group to
+            confirm what was sent before it leaves the catalog (a graceful leave drains).
+            Default 30; 0 leaves at once.
+        grow_timeout: each attempt to follow a growth the catalog pushed
+            (`PartitionedProducer.grow`'s ``timeout``). Default 60.
+        name_wait: how long a producer whose name another connection still holds waits
+            for it (a killed predecessor, until the coordinator sees its connection end),
+            trying again, before the ``"producer_conflict"`` refusal is raised. Default
+            10; 0 raises at once.
+        retry_backoff_min / retry_backoff_max: the waits before a failed attempt to
+            grow is tried again, doubling. Defaults 1 and 30.
+
+    Durations are seconds, above 0 (``leave_timeout`` and ``name_wait`` 0 or more), at
+    most 3600.
     """
 
     producer: ProducerControllerSettings | None = None
     run_length: int = 1
     durable_queue: SqliteQueueSettings | None = None
+    registration_timeout: float = 30.0
+    leave_timeout: float = 30.0
+    grow_timeout: float = 60.0
+    name_wait: float = 10.0
+    retry_backoff_min: float = 1.0
+    retry_backoff_max: float = 30.0
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -59,6 +85,18 @@ class PartitionedProducerSettings:
                 f"1000000, got {self.run_length!r}"
             )
             raise ValueError(msg)
+        _check_seconds(
+            "PartitionedProducerSettings",
+            self,
+            (
+                ("registration_timeout", 0.0, True),
+                ("leave_timeout", 0.0, False),
+                ("grow_timeout", 0.0, True),
+                ("name_wait", 0.0, False),
+                ("retry_backoff_min", 0.0, True),
+                ("retry_backoff_max", self.retry_backoff_min, False),
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,28 +187,40 @@ class GroupMemberSettings:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        for name, low, strict in (
-            ("close_grace", 0.0, False),
-            ("retry_backoff_min", 0.0, True),
-            ("retry_backoff_max", self.retry_backoff_min, False),
-            ("registration_timeout", 0.0, True),
-            ("close_timeout", 0.0, False),
-        ):
-            value = getattr(self, name)
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and (value > low if strict else value >= low)
-                and value <= 3600
+        _check_seconds(
+            "GroupMemberSettings",
+            self,
+            (
+                ("close_grace", 0.0, False),
+                ("retry_backoff_min", 0.0, True),
+                ("retry_backoff_max", self.retry_backoff_min, False),
+                ("registration_timeout", 0.0, True),
+                ("close_timeout", 0.0, False),
+            ),
+        )
+
+
+def _check_seconds(
+    kind: str, settings: object, fields: tuple[tuple[str, float, bool], ...]
+) -> None:
+    """Each field a number of seconds above (``strict``) or at least its low bound, at
+    most 3600."""
+    for name, low, strict in fields:
+        value = getattr(settings, name)
+        ok = (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value > low if strict else value >= low)
+            and value <= 3600
+        )
+        if not ok:
+            bound = "above" if strict else "at least"
+            msg = (
+                f"{kind}.{name} must be a number of seconds {bound} {low} and at most 3600, "
+                f"got {value!r}"
             )
-            if not ok:
-                bound = "above" if strict else "at least"
-                msg = (
-                    f"GroupMemberSettings.{name} must be a number of seconds {bound} {low} "
-                    f"and at most 3600, got {value!r}"
-                )
-                raise ValueError(msg)
+            raise ValueError(msg)
 
 
 @dataclass(frozen=True, slots=True)
