@@ -118,8 +118,9 @@ def test_a_group_scaling_from_1_to_4_to_2_processes_with_a_kill_handles_everythi
     for name in ("m2", "m3", "m4"):
         join(name)
     wait_for(lambda: progress() >= 2 * COUNT // 5, "four members to consume", alive(), deadline)
+    members["m4"].popen.kill()
+    killed_at = time.monotonic()  # when the signal went, not after the reaping below
     members["m4"].kill()
-    killed_at = time.monotonic()
     wait_for(lambda: progress() >= 3 * COUNT // 5, "m4's partitions to move", alive(), deadline)
     done = {"m3": stop(members["m3"], deadline)}
     wait_for(lambda: progress() == COUNT, "every message", alive(), deadline)
