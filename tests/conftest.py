@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pykka
 import pytest
@@ -12,8 +12,17 @@ from tests.netns import netns
 
 # The throwaway PostgreSQL server (session) and a fresh database per test.
 from tests.postgres import postgres, postgres_url
+from tests.transport.procs import Proc, spawner
 
 __all__ = ["netns", "postgres", "postgres_url"]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Proc]]:
+    """``spawn(name, *argv)`` starts ``python *argv`` as a `Proc`; every process is
+    SIGKILLed and reaped at the end of the test."""
+    with spawner() as start:
+        yield start
 
 
 @pytest.fixture(autouse=True)

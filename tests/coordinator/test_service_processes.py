@@ -20,7 +20,7 @@ import pytest
 
 from pykka_delivery.coordinator import Activity, Consumer, CoordinatorClient
 from tests.coordinator.procs import NAMESPACE, Log, assert_no_overlap, free_port
-from tests.transport.procs import Proc
+from tests.transport.procs import Proc, left, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,19 +58,6 @@ def spawn() -> Iterator[Spawn]:
         yield spawner
     finally:
         spawner.kill_all()
-
-
-def left(deadline: float) -> float:
-    """Seconds until ``deadline`` (a little at least, so a last check can run)."""
-    return max(0.5, deadline - time.monotonic())
-
-
-def wait_for(check: Callable[[], bool], what: str, procs: Sequence[Proc], deadline: float) -> None:
-    while not check():
-        for proc in procs:
-            assert proc.alive(), f"{proc.name} exited early\n{proc.output()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def wait_for_groups(

@@ -17,7 +17,7 @@ stay well under a minute. `bench/partitions.py` measures throughput at larger si
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import pytest
 from pykka_delivery.coordinator import Activity, CoordinatorClient
 from tests.coordinator.procs import assert_no_overlap
 from tests.partitions.procs import NAMESPACE, PartitionLog, check_group, handled, read_logs
-from tests.transport.procs import Proc
+from tests.transport.procs import Proc, left, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,34 +38,6 @@ WINDOW = 50  # the members' flow-control window
 TIMEOUT = 1.0  # the coordinator's disconnected timeout
 BOUND = 100.0  # seconds for the whole run, at most
 GROUPS = ("billing", "audit")
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
-
-    def start(name: str, *argv: str) -> Proc:
-        proc = Proc(name, argv)
-        started.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            proc.kill(timeout=10)
-
-
-def left(deadline: float) -> float:
-    return max(0.5, deadline - time.monotonic())
-
-
-def wait_for(check: Callable[[], bool], what: str, procs: Sequence[Proc], deadline: float) -> None:
-    while not check():
-        for proc in procs:
-            assert proc.alive(), f"{proc.name} exited early\n{proc.output()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_group_scaling_from_1_to_4_to_2_processes_with_a_kill_handles_everything_in_order(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from tests.partitions.replica_procs import (
     read_activations,
     read_effects,
 )
-from tests.transport.procs import Proc
+from tests.transport.procs import Proc, left, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,36 +55,6 @@ WINDOW = 20  # the members' flow-control window
 TIMEOUT = 1.0  # the coordinator's disconnected timeout
 BOUND = 90.0  # seconds for the whole run, at most
 TOTAL = 3 * COUNT + LATE_COUNT
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
-
-    def start(name: str, *argv: str) -> Proc:
-        proc = Proc(name, argv)
-        started.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            proc.kill(timeout=10)
-        for proc in started:
-            print(proc.output())  # shown by pytest when the test failed
-
-
-def left(deadline: float) -> float:
-    return max(0.5, deadline - time.monotonic())
-
-
-def wait_for(check: Callable[[], bool], what: str, procs: Sequence[Proc], deadline: float) -> None:
-    while not check():
-        for proc in procs:
-            assert proc.alive(), f"{proc.name} exited early\n{proc.output()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_producers_that_crash_restart_and_join_reach_a_scaling_group_exactly_once_in_key_order(

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -169,6 +169,48 @@ class Proc:
 
 
 # --- the services (subprocess side) ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def spawner() -> Iterator[Callable[..., Proc]]:
+    """``spawn(name, *argv)`` starts ``python *argv``; on leaving, every process is
+    SIGKILLed and reaped (a no-op for those that exited), and its last output printed
+    (pytest shows it when the test failed)."""
+    started: list[Proc] = []
+
+    def start(name: str, *argv: str) -> Proc:
+        proc = Proc(name, argv)
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.kill(timeout=10)
+        for proc in started:
+            print(proc.output())
+
+
+def left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a little at least, so a last check can run)."""
+    return max(0.5, deadline - time.monotonic())
+
+
+def wait_for(
+    check: Callable[[], bool],
+    what: str,
+    procs: Sequence[Proc],
+    deadline: float,
+    poll: float = 0.05,
+) -> None:
+    """Poll ``check`` until it holds; fail at once naming a process of ``procs`` that
+    exited, or ``what`` at ``deadline``."""
+    while not check():
+        for proc in procs:
+            assert proc.alive(), f"{proc.name} exited early\n{proc.output()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
 
 
 def _emit(**fields: Any) -> None:

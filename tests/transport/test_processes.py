@@ -13,7 +13,7 @@ so the test reads exactly what was received, in order, even from a killed proces
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +32,6 @@ WINDOW = 500  # the consumers' flow-control window
 AFTER_CONSUMER = 20.0
 
 Spawn = Callable[..., Proc]
-
-
-@pytest.fixture
-def spawn() -> Iterator[Spawn]:
-    """``spawn(name, *argv)`` starts ``python *argv``; every process is SIGKILLed and
-    reaped at the end of the test (a no-op for those that exited)."""
-    started: list[Proc] = []
-
-    def start(name: str, *argv: str) -> Proc:
-        proc = Proc(name, argv)
-        started.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            proc.kill(timeout=10)
 
 
 def is_summary(key: str) -> Callable[[dict[str, Any]], bool]:
