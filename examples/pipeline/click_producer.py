@@ -1,24 +1,27 @@
-"""A producer service of the pipeline demo: emits click events on a partitioned stream.
+"""A producer service of the pipeline demo: one of the producers of the stream of clicks.
 
-It runs a transport node and a `PartitionedProducer` of stream ``--stream`` followed by
-consumer group ``spark`` (the Spark query's source), prints ``READY <address>``, then
-sends ``--count`` click events keyed by user: ``{"user", "page", "ts"}`` with event times
+It runs a transport node and a named `PartitionedProducer` (``--name``, e.g. ``web``) of
+stream ``--stream`` followed by consumer group ``spark`` (the Spark query's source). The
+producer registers in the coordinator's stream catalog (``--coordinator``; the first
+producer creates the stream there with ``--partitions`` partitions), where the query
+finds it: no one needs this service's address. It prints ``READY <address>``, then sends
+``--count`` click events keyed by user: ``{"user", "page", "ts"}`` with event times
 spread over ``--minutes`` minutes, from a seeded generator (the same run sends the same
 clicks), at ``--rate`` clicks per second. ``send`` waits while the query's window is full
 or while no query consumes, so nothing piles up. It prints ``SENT <n>`` as it goes and,
 when the query confirmed every click (each is in its durable log then), writes the clicks
 per (user, minute) it sent to ``--expected`` (JSON) and prints ``DONE``; then it waits
-for SIGTERM. With ``--coordinator`` its producers report their positions to the
-coordinator there, about once a second: ``pykka-delivery lag`` shows how far the query is
+for SIGTERM, and leaves the catalog. Its producers report their positions to the
+coordinator about once a second: ``pykka-delivery lag`` shows how far the query is
 behind.
 
-Run by examples/pipeline/run.py; alone: ``python click_producer.py --stream clicks-web``.
+Run by examples/pipeline/run.py; alone:
+``python click_producer.py --coordinator 127.0.0.1:7000 --name web``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 import signal
@@ -37,14 +40,15 @@ USERS = 300
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stream", required=True)
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--coordinator", required=True, help="host:port of the coordinator")
+    parser.add_argument("--name", required=True, help="this producer's name in the catalog")
+    parser.add_argument("--stream", default="clicks")
+    parser.add_argument("--partitions", type=int, default=4, help="if it creates the stream")
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--minutes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=2000.0, help="clicks per second")
     parser.add_argument("--expected", type=Path, default=None)
-    parser.add_argument("--coordinator", default=None, help="host:port: report positions there")
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -53,13 +57,14 @@ def main() -> None:
     expected: Counter[str] = Counter()
     with (
         Node() as node,
-        (
-            contextlib.nullcontext()
-            if args.coordinator is None
-            else CoordinatorClient(args.coordinator, node=node.address, owner=args.stream)
-        ) as client,
-        PartitionedProducer(
-            args.stream, args.partitions, ["spark"], node=node, coordinator=client
+        CoordinatorClient(args.coordinator, node=node.address, owner=args.name) as client,
+        PartitionedProducer.from_coordinator(
+            client,
+            args.stream,
+            ["spark"],
+            name=args.name,
+            node=node,
+            create_with=args.partitions,
         ) as producer,
     ):
         print(f"READY {node.address}", flush=True)

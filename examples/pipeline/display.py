@@ -151,11 +151,13 @@ def report(figures: dict[str, Any]) -> None:
     for row in rows:
         table.add_row(*row)
     stored_by = ", ".join(f"{k} {v:,}" for k, v in sorted(figures["stored_by_consumer"].items()))
+    counted_by = ", ".join(f"{k} {v:,}" for k, v in sorted(figures["clicks_by_producer"].items()))
     events = [f"  • {event}" for event in figures["stage1_failovers"] + figures["stage2_failovers"]]
     console.print()
     console.print(
         Group(
             table,
+            Text(f"Distinct clicks counted per producer: {counted_by}"),
             Text(f"Stored per consumer: {stored_by}"),
             Text("Fail-overs:"),
             *(Text(e) for e in events or ["  none"]),

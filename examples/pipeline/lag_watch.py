@@ -25,7 +25,7 @@ class StageLag:
     samples: int = 0  # answers that had rows of the stage
     in_flight: int = 0  # the most messages in flight at one time, over the stage's streams
     partition_in_flight: int = 0  # the most in flight on one partition and producer
-    partition: str = ""  # which one (its producer id: <stream>-<partition>:<group>)
+    partition: str = ""  # which one (its producer id: <stream>-<partition>:<group>@<producer>)
     oldest_age: float = 0.0  # the oldest unconfirmed message, seconds
     now: str = ""  # the last sample, for the progress bars
 

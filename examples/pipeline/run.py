@@ -3,13 +3,16 @@
 What runs (everything on 127.0.0.1, state in SQLite files in a temporary directory):
 
 1. **Spark** (``local[2]``) in this process, with the **coordinator** hosted in its driver.
-2. Two **producer services** (processes, click_producer.py) emit click events keyed by
-   user over gRPC, on streams ``clicks-web`` and ``clicks-mobile`` of 4 partitions each.
-3. A **Structured Streaming query** reads both streams through the ``pykka-delivery``
-   source (one consumer per partition, registered in the coordinator; every message
-   logged durably under the checkpoint, then confirmed) and, per micro-batch, counts the
-   clicks per user per minute into Parquet. Midway the query is stopped and started
-   again from its checkpoint: it goes on where it stopped.
+2. Two **producer services** (processes, click_producer.py), ``web`` and ``mobile``,
+   emit click events keyed by user over gRPC, both on one stream ``clicks`` of 4
+   partitions: each is a named producer registered in the coordinator's stream catalog.
+3. A **Structured Streaming query** reads stream ``clicks`` through the
+   ``pykka-delivery`` source, given only the coordinator and the stream's name: it finds
+   both producers in the catalog (per partition one consumer, registered in the
+   coordinator, with a session to each producer; every message logged durably under the
+   checkpoint, then confirmed) and, per micro-batch, counts the clicks per user per
+   minute into Parquet. Midway the query is stopped and started again from its
+   checkpoint: it goes on where it stopped.
 4. The per-minute totals are summed into one table, which the ``pykka-delivery`` **sink**
    delivers to a work-pulling group of three **consumer services** (processes,
    totals_consumer.py) sharing a row ledger. Once a third of the rows are in, one
@@ -21,7 +24,8 @@ While it runs, progress bars show each stage, with the lag the coordinator repor
 query's consumers report their positions about once a second).
 
 At the end the demo checks, against what the producers report they sent (computed
-independently of Spark), that no click was lost or counted twice in Spark, and that the
+independently of Spark), that no click was lost or counted twice in Spark (in all, and
+per producer: the rows' ``producer_id`` names it, ``clicks-3:spark@web``), and that the
 consumers stored every total once with the right count. It prints a report (per stage:
 throughput, fail-overs, the largest lag seen); its last line is one JSON object with
 ``sent``, ``received``, ``lost``, ``duplicates``, ``failovers`` and ``lag``. Exit status 1
@@ -51,7 +55,8 @@ from display import StageProgress, console, report, stage_title
 from lag_watch import LagWatch
 from services import WAIT, Service, stop_services
 
-STREAMS = ("clicks-web", "clicks-mobile")
+STREAM = "clicks"
+PRODUCERS = ("web", "mobile")  # the click producer services, by name in the catalog
 SERVICE_KEY = "minute-totals"  # the sink's work-pulling service (totals_consumer.py)
 PARTITIONS = 4
 
@@ -177,10 +182,12 @@ class Pipeline:
         args, work, spark = self.args, self.work, self.spark
         producers = [
             self.service(
-                stream,
+                name,
                 "click_producer.py",
+                "--name",
+                name,
                 "--stream",
-                stream,
+                STREAM,
                 "--partitions",
                 str(PARTITIONS),
                 "--count",
@@ -190,28 +197,28 @@ class Pipeline:
                 "--rate",
                 str(args.rate),
                 "--expected",
-                str(work / f"expected-{stream}.json"),
+                str(work / f"expected-{name}.json"),
                 "--coordinator",
                 self.coordinator.address,
             )
-            for i, stream in enumerate(STREAMS)
+            for i, name in enumerate(PRODUCERS)
         ]
         for producer in producers:
             producer.wait_ready()
         total = args.clicks * len(producers)
         checkpoint = work / "query-checkpoint"
         options = self.coordinator.options(
-            streams=",".join(f"{p.name}={p.address}" for p in producers),
-            partitions=PARTITIONS,
+            streams=STREAM,  # its producers are found in the coordinator's catalog
             log_dir=checkpoint / "pykka-delivery",
             window=200,
             max_rows_per_batch=4000,
         )
         stage_title(
-            f"Stage 1: 2 producer services send {total:,} clicks; a streaming query counts "
-            f"them per user per minute"
+            f"Stage 1: 2 producer services send {total:,} clicks on stream {STREAM!r}; a "
+            f"streaming query finds them through the coordinator and counts the clicks per "
+            f"user per minute"
         )
-        self.lag.watch("stage 1", STREAMS)
+        self.lag.watch("stage 1", (STREAM,))
         failovers = self.figures["stage1_failovers"]
         seen = [0]
         with StageProgress() as bars:
@@ -249,9 +256,18 @@ class Pipeline:
         ids = spark.read.parquet(str(work / "out" / "ids"))
         counted = ids.count()
         distinct = ids.select("producer_id", "seq_nr").distinct().count()
+        # Distinct clicks per producer, named at the end of each row's producer id.
+        by_producer = {
+            r.producer: r.clicks
+            for r in ids.select("producer_id", "seq_nr")
+            .distinct()
+            .groupBy(f.substring_index("producer_id", "@", -1).alias("producer"))
+            .agg(f.count("*").alias("clicks"))
+            .collect()
+        }
         expected: Counter[str] = Counter()
-        for stream in STREAMS:
-            expected.update(json.loads((work / f"expected-{stream}.json").read_text()))
+        for name in PRODUCERS:
+            expected.update(json.loads((work / f"expected-{name}.json").read_text()))
         totals = (
             spark.read.parquet(str(work / "out" / "agg"))
             .groupBy("user", "minute")
@@ -267,6 +283,8 @@ class Pipeline:
             clicks_counted=counted,
             clicks_lost=total - distinct,
             clicks_duplicates=counted - distinct,
+            clicks_by_producer=by_producer,
+            producers_match=by_producer == dict.fromkeys(PRODUCERS, args.clicks),
             totals_match_producers=spark_totals == dict(expected),
             stage1_seconds=round(seconds, 2),
             stage1_msgs_per_s=round(total / seconds),
@@ -415,6 +433,7 @@ def main() -> None:
         figures["lost"] == 0
         and figures["duplicates"] == 0
         and figures["totals_match_producers"]
+        and figures["producers_match"]
         and figures["totals_match_spark"]
         and figures["received"] == figures["sent"]
     )

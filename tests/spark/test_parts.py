@@ -140,8 +140,8 @@ def test_source_options_parse_streams_and_refuse_a_bad_one() -> None:
     settings = SourceSettings.parse(Options(options, "source"))
     assert settings.streams == (("a", "127.0.0.1:1"), ("b", "127.0.0.1:2"))
     assert (settings.group, settings.standby, settings.partitions) == ("spark", True, None)
-    with pytest.raises(OptionError, match="give name=host:port for each stream"):
-        SourceSettings.parse(Options({**options, "streams": "a"}, "source"))
+    with pytest.raises(OptionError, match="the producer address 'nohost' is not host:port"):
+        SourceSettings.parse(Options({**options, "streams": "a=nohost"}, "source"))
     with pytest.raises(OptionError, match='option "log_dir" is required'):
         SourceSettings.parse(Options({"coordinator": "h:1", "streams": "a=h:1"}, "source"))
 
