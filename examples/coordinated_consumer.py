@@ -1,16 +1,18 @@
 """A consumer service with replicas: one of them consumes at a time, the others wait.
 
     pykka-delivery coordinator serve --store coordinator.sqlite --port 7070
-    python examples/remote_producer.py --port 7001 --count 100000
-    python examples/coordinated_consumer.py --coordinator 127.0.0.1:7070 \\
-        --producer 127.0.0.1:7001/orders
-    python examples/coordinated_consumer.py --coordinator 127.0.0.1:7070 \\
-        --producer 127.0.0.1:7001/orders        # a second replica: it waits
+    python examples/remote_producer.py --port 7001 --count 100000 \\
+        --coordinator 127.0.0.1:7070
+    python examples/coordinated_consumer.py --coordinator 127.0.0.1:7070
+    python examples/coordinated_consumer.py --coordinator 127.0.0.1:7070  # a 2nd: it waits
 
-Every replica registers in group "billing" of stream "orders" (namespace "shop") with the
-coordinator; the coordinator makes one active. Stop the active one (Ctrl-C, or SIGTERM)
-and another takes over from the first message the stopped one had not confirmed;
-`pykka-delivery groups` shows who is active, `pykka-delivery lag` how far behind it is.
+The producer announces itself in the coordinator's directory under service ``orders``
+(``--service``); each replica follows that service's producers (`DirectoryProducers`), so
+the coordinator's address is all it is given. Every replica registers in group "billing"
+of stream "orders" (namespace "shop") with the coordinator; the coordinator makes one
+active. Stop the active one (Ctrl-C, or SIGTERM) and another takes over from the first
+message the stopped one had not confirmed; `pykka-delivery groups` shows who is active,
+`pykka-delivery lag` how far behind it is.
 
 It prints JSON lines: ``{"ready": ...}`` once registered, ``{"activated": ...}`` and
 ``{"deactivated": ...}`` as the coordinator hands the stream over, and at the end
@@ -26,7 +28,12 @@ import signal
 import sys
 import threading
 
-from pykka_delivery.coordinator import ActivationInterval, CoordinatedConsumer, CoordinatorClient
+from pykka_delivery.coordinator import (
+    ActivationInterval,
+    CoordinatedConsumer,
+    CoordinatorClient,
+    DirectoryProducers,
+)
 from pykka_delivery.transport import Node
 
 
@@ -38,7 +45,7 @@ def say(**fields: object) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--coordinator", default="127.0.0.1:7070", help="its host:port")
-    parser.add_argument("--producer", default="127.0.0.1:7001/orders", help="host:port/name")
+    parser.add_argument("--service", default="orders", help="the producers' service key")
     parser.add_argument("--count", type=int, default=0, help="stop after this number (0: never)")
     args = parser.parse_args()
 
@@ -48,13 +55,17 @@ def main() -> None:
     def deactivated(interval: ActivationInterval) -> None:  # and when it stops
         say(deactivated=interval.end)
 
-    with Node() as node, CoordinatorClient(args.coordinator, node=node) as client:
+    with (
+        Node() as node,
+        CoordinatorClient(args.coordinator, node=node) as client,
+        DirectoryProducers(client, args.service, node) as producers,
+    ):
         consumer = CoordinatedConsumer(
             client,
             "shop",  # namespace: one application's groups and streams
             "orders",  # stream: the name the groups of this stream share
             "billing",  # group: the replicas of one service; one is active at a time
-            node.ref(args.producer),  # the producer: its node's host:port, then its name
+            producers.producers,  # every producer announced under the service, as they change
             node=node,  # each activation's consumer is exposed on this node
             on_activated=activated,
             on_deactivated=deactivated,

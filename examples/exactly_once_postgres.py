@@ -8,10 +8,14 @@ in the application's database, and each message's effect (a row of table
 ``exactly_once_demo_ledger``) is written in ``consumer.transaction(conn, delivery)``,
 which records the position in the same transaction and commits; then the delivery is
 confirmed. ``demo`` runs it as examples/exactly_once_sqlite.py does (the same producer,
-the consumer SIGKILLed ``--kills`` times mid-flow, one JSON line at the end), on the
-database of ``--url``; it empties its own table and its consumer's positions there first.
+the consumer SIGKILLed ``--kills`` times mid-flow, both finding each other through a
+coordinator the demo serves, one JSON line at the end), on the database of ``--url``; it
+empties its own table and its consumer's positions there first.
 
-    python examples/exactly_once_postgres.py consume --url URL --producer HOST:PORT/ledger
+    pykka-delivery coordinator serve --port 7070
+    python examples/exactly_once_postgres.py produce --queue Q.db --count N \\
+        --coordinator 127.0.0.1:7070
+    python examples/exactly_once_postgres.py consume --url URL --coordinator 127.0.0.1:7070
 """
 
 from __future__ import annotations
@@ -23,9 +27,17 @@ import threading
 from pathlib import Path
 
 import psycopg
-from exactly_once_sqlite import demo_arguments, produce_arguments, report, run_kills, say
+from exactly_once_sqlite import (
+    coordinator_arguments,
+    demo_arguments,
+    produce_arguments,
+    report,
+    run_kills,
+    say,
+)
 
-from pykka_delivery import Consumer, DeliveryTimeout
+from pykka_delivery import DeliveryTimeout, MergedConsumer
+from pykka_delivery.coordinator import CoordinatorClient, DirectoryProducers
 from pykka_delivery.delivery.stores.dedup_tx_postgres import PostgresTxDedupStore
 from pykka_delivery.transport import Node
 
@@ -38,9 +50,15 @@ def consume(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     store = PostgresTxDedupStore(args.url, CONSUMER_ID)
-    with psycopg.connect(args.url, autocommit=True) as conn, Node() as node:
-        consumer = Consumer(self_ref_factory=node.expose("ledger"), dedup_store=store)
-        consumer.register_to(node.ref(args.producer))
+    with (
+        psycopg.connect(args.url, autocommit=True) as conn,
+        Node() as node,
+        CoordinatorClient(args.coordinator, node=node) as client,
+        DirectoryProducers(client, args.service, node) as producers,
+    ):
+        # Every producer announced under the service, as it comes and goes.
+        consumer = MergedConsumer(self_ref_factory=node.expose("ledger"), dedup_store=store)
+        consumer.register_to(producers.producers)
         say(ready=True)
         first = True
         while not stopping.is_set():
@@ -80,7 +98,7 @@ def demo(args: argparse.Namespace) -> int:
             args,
             __file__,
             directory,
-            lambda address: ["consume", "--url", args.url, "--producer", address],
+            lambda address: ["consume", "--url", args.url, "--coordinator", address],
             applied,
         )
         counts = conn.execute(
@@ -102,7 +120,7 @@ def main() -> int:
     produce_arguments(commands.add_parser("produce", help="a durable producer of 1..--count"))
     sub = commands.add_parser("consume", help="apply each number to the ledger, once")
     sub.add_argument("--url", required=True, help="postgresql://... of the application's db")
-    sub.add_argument("--producer", required=True, help="host:port/name")
+    coordinator_arguments(sub)
     sub.set_defaults(run=consume)
     args = parser.parse_args()
     return int(args.run(args))

@@ -12,15 +12,19 @@ resends.
 
 ``demo`` runs it as a user would: a producer process with a durable queue
 (``produce``) sends the numbers 1..count, a consumer process (``consume``) applies them,
-and the demo SIGKILLs the consumer ``--kills`` times mid-flow, starting a new one each
-time. At the end it counts the ledger's rows and prints one JSON line: ``duplicates``
-(rows applied twice) and ``missing`` are 0 and ``exactly_once`` is true. With
+each given only the address of a coordinator the demo serves (the producer announces
+itself under service ``--service``, the consumer finds it there), and the demo SIGKILLs
+the consumer ``--kills`` times mid-flow, starting a new one each time. At the end it
+counts the ledger's rows and prints one JSON line: ``duplicates`` (rows applied twice)
+and ``missing`` are 0 and ``exactly_once`` is true. With
 ``--positions behind`` the consumer uses a `SqliteDedupStore` instead (positions written
 behind, in transactions of their own, effects committed one by one), to compare: each kill
 then applies again what was confirmed since its last flush.
 
-    python examples/exactly_once_sqlite.py produce --queue Q.db --count N
-    python examples/exactly_once_sqlite.py consume --db app.db --producer HOST:PORT/ledger
+    pykka-delivery coordinator serve --port 7070
+    python examples/exactly_once_sqlite.py produce --queue Q.db --count N \\
+        --coordinator 127.0.0.1:7070
+    python examples/exactly_once_sqlite.py consume --db app.db --coordinator 127.0.0.1:7070
 """
 
 from __future__ import annotations
@@ -37,17 +41,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pykka_delivery import (
-    Consumer,
     DeliveryTimeout,
+    MergedConsumer,
     Producer,
     SqliteDedupStore,
     SqliteDurableQueue,
     SqliteTxDedupStore,
+)
+from pykka_delivery.coordinator import (
+    CoordinatorActor,
+    CoordinatorClient,
+    CoordinatorServer,
+    DirectoryProducers,
+    announce_producer,
 )
 from pykka_delivery.transport import Node
 
@@ -60,13 +71,16 @@ def say(**fields: object) -> None:
 
 
 def produce(args: argparse.Namespace) -> int:
-    """A durable producer of the numbers 1..count (8-byte payloads), exposed as ``ledger``."""
+    """A durable producer of the numbers 1..count (8-byte payloads), announced under
+    service ``--service`` in the coordinator."""
     durable_queue = SqliteDurableQueue(args.queue, PRODUCER_ID)
-    with Node() as node:
+    with Node() as node, CoordinatorClient(args.coordinator, node=node) as client:
         producer = Producer(
-            PRODUCER_ID, durable_queue=durable_queue, self_ref_factory=node.expose("ledger")
+            PRODUCER_ID, durable_queue=durable_queue, self_ref_factory=node.expose(PRODUCER_ID)
         )
-        say(ready=True, address=f"{node.address}/ledger")
+        # Consumers find it there: host:port/PRODUCER_ID, while this client lives.
+        announce_producer(client, args.service, node, PRODUCER_ID)
+        say(ready=True, address=f"{node.address}/{PRODUCER_ID}")
         number = producer.snapshot().current_seq_nr  # after a restart: where the queue says
         while number <= args.count:
             batch = range(number, min(args.count, number + 499) + 1)
@@ -92,9 +106,14 @@ def consume(args: argparse.Namespace) -> int:
         store: SqliteTxDedupStore | SqliteDedupStore = SqliteTxDedupStore(args.db, CONSUMER_ID)
     else:
         store = SqliteDedupStore(f"{args.db}.positions", CONSUMER_ID)
-    with Node() as node:
-        consumer = Consumer(self_ref_factory=node.expose("ledger"), dedup_store=store)
-        consumer.register_to(node.ref(args.producer))
+    with (
+        Node() as node,
+        CoordinatorClient(args.coordinator, node=node) as client,
+        DirectoryProducers(client, args.service, node) as producers,
+    ):
+        # Every producer announced under the service, as it comes and goes.
+        consumer = MergedConsumer(self_ref_factory=node.expose("ledger"), dedup_store=store)
+        consumer.register_to(producers.producers)
         say(ready=True)
         first = True
         while not stopping.is_set():
@@ -163,42 +182,63 @@ def run_kills(
     consume: Callable[[str], list[str]],
     applied: Callable[[], int],
 ) -> list[int]:
-    """Start ``script produce``, then ``args.kills`` + 1 consumers one after the other
-    (``consume(producer address)``: their arguments), each SIGKILLed once ``applied()``
-    (effects so far) passes the next step of the flow, the last one stopped once the
-    producer saw everything confirmed. Returns what each consumer skipped at its start."""
+    """Serve a coordinator, start ``script produce``, then ``args.kills`` + 1 consumers
+    one after the other (``consume(coordinator address)``: their arguments), each
+    SIGKILLed once ``applied()`` (effects so far) passes the next step of the flow, the
+    last one stopped once the producer saw everything confirmed. Returns what each
+    consumer skipped at its start."""
     rng = random.Random(args.seed)
     log = directory / "processes.log"
     queue_file = str(directory / "queue.db")
-    producer = Child(script, log, "produce", "--queue", queue_file, "--count", str(args.count))
-    children = [producer]
+    count = str(args.count)
+    children: list[Child] = []
     skipped = []
-    try:
-        address = producer.expect("ready", 30)["address"]
-        step = args.count // (args.kills + 1)
-        for kill in range(args.kills + 1):
-            consumer = Child(script, log, *consume(address))
-            children.append(consumer)
-            consumer.expect("ready", 30)
-            if kill == args.kills:  # the last one runs to the end
-                producer.expect("done", args.timeout)
-                consumer.stop(signal.SIGTERM)
-            else:  # SIGKILL anywhere around the next step of the flow
-                target = (kill + 1) * step + rng.randrange(-step // 4, step // 4)
-                deadline = time.monotonic() + args.timeout
-                while applied() < target:
-                    if time.monotonic() > deadline or consumer.popen.poll() is not None:
-                        raise TimeoutError(f"the consumer did not reach {target}")
-                    time.sleep(0.005)
-                consumer.stop(signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):  # printed after its first delivery
-                skipped.append(consumer.expect("first", 5)["skipped"])
-        producer.popen.wait(30)
-    finally:
-        for child in children:
-            if child.popen.poll() is None:
-                child.stop(signal.SIGKILL)
+    with coordinator() as address:
+        try:
+            producer = Child(
+                script, log, "produce", "--queue", queue_file, "--count", count,
+                "--coordinator", address,
+            )  # fmt: skip
+            children.append(producer)
+            producer.expect("ready", 30)
+            step = args.count // (args.kills + 1)
+            for kill in range(args.kills + 1):
+                consumer = Child(script, log, *consume(address))
+                children.append(consumer)
+                consumer.expect("ready", 30)
+                if kill == args.kills:  # the last one runs to the end
+                    producer.expect("done", args.timeout)
+                    consumer.stop(signal.SIGTERM)
+                else:  # SIGKILL anywhere around the next step of the flow
+                    target = (kill + 1) * step + rng.randrange(-step // 4, step // 4)
+                    deadline = time.monotonic() + args.timeout
+                    while applied() < target:
+                        if time.monotonic() > deadline or consumer.popen.poll() is not None:
+                            raise TimeoutError(f"the consumer did not reach {target}")
+                        time.sleep(0.005)
+                    consumer.stop(signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):  # printed after its first delivery
+                    skipped.append(consumer.expect("first", 5)["skipped"])
+            producer.popen.wait(30)
+        finally:
+            for child in children:
+                if child.popen.poll() is None:
+                    child.stop(signal.SIGKILL)
     return skipped
+
+
+@contextlib.contextmanager
+def coordinator() -> Iterator[str]:
+    """A coordinator (its command log in memory) served on a free port; its address."""
+    actor = CoordinatorActor.start()
+    try:
+        server = CoordinatorServer(actor).start()
+        try:
+            yield server.address
+        finally:
+            server.stop()
+    finally:
+        actor.stop()
 
 
 def report(args: argparse.Namespace, counts: tuple[int, int, int], skipped: list[int]) -> int:
@@ -237,7 +277,7 @@ def demo(args: argparse.Namespace) -> int:
         __file__,
         directory,
         lambda address: (
-            ["consume", "--db", str(db), "--producer", address, "--positions", args.positions]
+            ["consume", "--db", str(db), "--coordinator", address, "--positions", args.positions]
         ),
         lambda: applied(db),
     )
@@ -264,9 +304,16 @@ def demo_arguments(sub: argparse.ArgumentParser, *, positions: bool = True) -> N
     sub.add_argument("--timeout", type=float, default=120.0, help="bound on each wait")
 
 
+def coordinator_arguments(sub: argparse.ArgumentParser) -> None:
+    """Where producers are announced and found: shared by ``produce`` and ``consume``."""
+    sub.add_argument("--coordinator", required=True, help="the coordinator's host:port")
+    sub.add_argument("--service", default="ledger", help="the producers' service key")
+
+
 def produce_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--queue", required=True, help="its SqliteDurableQueue file")
     sub.add_argument("--count", type=int, required=True)
+    coordinator_arguments(sub)
     sub.add_argument("--timeout", type=float, default=120.0)
     sub.set_defaults(run=produce)
 
@@ -280,7 +327,7 @@ def main() -> int:
     produce_arguments(commands.add_parser("produce", help="a durable producer of 1..--count"))
     sub = commands.add_parser("consume", help="apply each number to the ledger, once")
     sub.add_argument("--db", required=True, help="the application's database")
-    sub.add_argument("--producer", required=True, help="host:port/name")
+    coordinator_arguments(sub)
     sub.add_argument("--positions", choices=("tx", "behind"), default="tx")
     sub.set_defaults(run=consume)
     args = parser.parse_args()

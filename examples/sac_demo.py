@@ -1,12 +1,14 @@
 """One active consumer at a time: a stream handed over twice when its consumer is lost.
 
 Three consumer services subscribe to one group through the coordinator (a
-`CoordinatorActor` on a SQLite command log, served over gRPC). Only the active one
-consumes the producer's stream. When a third of the messages is processed, the active
-service is cut off (its coordinator connection and its transport node go, as when its
-process dies); after the coordinator's ``disconnected_timeout`` another service is made
-active and goes on from the first message the lost one had not confirmed. A third of the
-way later the same happens again.
+`CoordinatorActor` on a SQLite command log, served over gRPC). The producer announces
+itself in the coordinator's directory under service ``orders`` (`announce_producer`) and
+each service finds it there (`DirectoryProducers`): the coordinator's address is all any
+of them is given. Only the active one consumes the producer's stream. When a third of
+the messages is processed, the active service is cut off (its coordinator connection and
+its transport node go, as when its process dies); after the coordinator's
+``disconnected_timeout`` another service is made active and goes on from the first
+message the lost one had not confirmed. A third of the way later the same happens again.
 
 In the end every message was processed, each activation processed a run of consecutive
 messages, and no two services were ever active at once. A message the lost service had
@@ -35,11 +37,14 @@ from pykka_delivery.coordinator import (
     CoordinatorClient,
     CoordinatorServer,
     CoordinatorSettings,
+    DirectoryProducers,
     SqliteCommandLog,
+    announce_producer,
 )
 from pykka_delivery.transport import Node
 
 GROUP = ("shop", "orders", "billing")
+SERVICE = "orders"  # the directory key the producer is announced under
 WAIT = 60.0
 WORK = 0.0001  # seconds a service spends on a message, so that each loss lands mid-stream
 
@@ -47,12 +52,13 @@ WORK = 0.0001  # seconds a service spends on a message, so that each loss lands 
 class Service:
     """A consumer service: its own transport node and coordinator connection."""
 
-    def __init__(self, name: str, coordinator: str, producer: str) -> None:
+    def __init__(self, name: str, coordinator: str) -> None:
         self.name = name
         self.node = Node().start()
         self.client = CoordinatorClient(coordinator, node=self.node.address, owner=name)
+        self.producers = DirectoryProducers(self.client, SERVICE, self.node)
         self.consumer = CoordinatedConsumer(
-            self.client, *GROUP, self.node.ref(producer), node=self.node
+            self.client, *GROUP, self.producers.producers, node=self.node
         )
         self.processed: list[tuple[int, int]] = []  # (activation, message)
         self.thread = threading.Thread(target=self._run, name=f"service-{name}", daemon=True)
@@ -74,6 +80,7 @@ class Service:
 
     def stop(self) -> None:
         self.consumer.close()
+        self.producers.close()
         self.client.close()
         self.node.stop()
         self.thread.join(WAIT)
@@ -87,16 +94,15 @@ def run(count: int, timeout: float) -> bool:
         server = CoordinatorServer(actor).start()
         producer_node = Node().start()
         producer = Producer("orders", self_ref_factory=producer_node.expose("orders"))
+        producer_client = CoordinatorClient(server.address, node=producer_node, owner="producer")
+        announce_producer(producer_client, SERVICE, producer_node, "orders")
 
         def send_all() -> None:
             for number in range(count):
                 producer.send(number, timeout=WAIT)
 
         threading.Thread(target=send_all, name="producer", daemon=True).start()
-        services = [
-            Service(name, server.address, f"{producer_node.address}/orders")
-            for name in ("A", "B", "C")
-        ]
+        services = [Service(name, server.address) for name in ("A", "B", "C")]
         lost: list[str] = []
         try:
             for share in (count // 3, count * 2 // 3):
@@ -114,6 +120,7 @@ def run(count: int, timeout: float) -> bool:
                 if service.name not in lost:
                     service.stop()
             producer.close()
+            producer_client.close()
             producer_node.stop()
             server.stop()
             pykka.ActorRegistry.stop_all()

@@ -84,13 +84,10 @@ def test_the_stream_goes_to_the_waiting_replica_when_the_active_one_stops(
     address = coordinator.wait_for("listening on").split()[-1]
     count = "200000"
     port = free_port()
-    orders = f"127.0.0.1:{port}/orders"
     replica = [
         f"{ROOT}/examples/coordinated_consumer.py",
         "--coordinator",
         address,
-        "--producer",
-        orders,
         "--count",
         count,
     ]
@@ -105,7 +102,14 @@ def test_the_stream_goes_to_the_waiting_replica_when_the_active_one_stops(
     assert group["active"]["node"] == first_node
 
     producer = Service(
-        sys.executable, "examples/remote_producer.py", "--port", str(port), "--count", count
+        sys.executable,
+        "examples/remote_producer.py",
+        "--port",
+        str(port),
+        "--count",
+        count,
+        "--coordinator",
+        address,
     )
     services.append(producer)
     producer.json_line("ready")

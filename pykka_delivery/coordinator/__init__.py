@@ -10,9 +10,10 @@ The shell: `CoordinatorActor` runs the machine, carries out its effects (consume
 to connection sinks, timers) and appends every state-changing command to a `CommandLog`
 (`SqliteCommandLog` for one durable file) before carrying out its effects. It also keeps
 the service directory (`ServiceDirectory`) that work pulling across processes uses as its
-registry, and the stream catalog (`CreateStream`, `list_streams`): partitioned streams
-created and grown at run time, with the producers of each stream (`StreamProducer`,
-`CatalogStream`; `CoordinatorClient.register_producer`, `watch_streams`). Lag as data:
+registry and where plain producers are found (`announce_producer`, `DirectoryProducers`),
+and the stream catalog (`CreateStream`, `list_streams`): partitioned streams created and
+grown at run time, with the producers of each stream (`StreamProducer`, `CatalogStream`;
+`CoordinatorClient.register_producer`, `watch_streams`). Lag as data:
 clients report positions (`ProducerPosition`, `ConsumerPosition`) and ask for the lag
 (`CoordinatorClient.lag`, `LagInfo`).
 """
@@ -93,6 +94,7 @@ from pykka_delivery.coordinator.lag import (
     ProducerPosition,
 )
 from pykka_delivery.coordinator.machine import Outcome, apply, initial_state, replay
+from pykka_delivery.coordinator.producer_directory import DirectoryProducers, announce_producer
 from pykka_delivery.coordinator.queries import (
     GroupInfo,
     StreamInfo,
@@ -178,6 +180,7 @@ __all__ = [
     "CoordinatorUnavailable",
     "CreateStream",
     "Detach",
+    "DirectoryProducers",
     "DisconnectedTimeout",
     "Effect",
     "EvaluateGroup",
@@ -220,6 +223,7 @@ __all__ = [
     "UpdateSettings",
     "WatchConnection",
     "activation_changes",
+    "announce_producer",
     "apply",
     "check_stream_pattern",
     "coordinator_addresses",
