@@ -27,6 +27,10 @@ Theory of operation:
 * When its client closes with a goodbye, it returns a future from the connection
   listener that is done once it stopped: the client sends the goodbye (which hands the
   group over at once) only after the delivery in flight is confirmed.
+* A `Consumer` that stops on its own (its deduplication store gave up: `confirm` raises
+  the store's error) is ended, and while the subscription is active the next `receive`
+  starts a new one with a new store, which continues from the first message not
+  confirmed.
 * If the client's re-registration after a reconnect is refused, it stops for good:
   `receive` raises that `CoordinatorRefused`.
 * Each period of consuming is recorded as an `ActivationInterval` (monotonic clock), so
@@ -247,8 +251,11 @@ class CoordinatedConsumer:
                     register(consumer, self._producer)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 delivery = consumer.receive(remaining)
-            except ClosedError:
-                continue  # stopped by a step-down or a lost connection: wait for the next turn
+            except ClosedError as error:
+                # Stopped by a step-down or a lost connection: wait for the next turn. Or
+                # it closed itself (its store failed): the next one starts afresh.
+                self._closed_itself(consumer, error)
+                continue
             except ConsumerFenced as error:
                 self._fenced(consumer, error)
                 continue
@@ -487,6 +494,10 @@ class CoordinatedConsumer:
             if consumer is not None:
                 self._fenced(consumer, error)
             return
+        except DeliveryError as error:  # its store gave up: unconfirmed, with the producer
+            if consumer is not None and not isinstance(error, LocalProtocolError):
+                self._closed_itself(consumer, error)
+            raise
         with self._lock:
             self._in_flight = None
             self._confirmed += 1
@@ -550,6 +561,31 @@ class CoordinatedConsumer:
             self._in_flight = None
             self._stop_consumer("fenced")
         self._hooks.run()
+
+    def _closed_itself(self, consumer: Consumer | MergedConsumer, error: DeliveryError) -> None:
+        """``consumer`` stopped on its own (its deduplication store gave up): end it (its
+        delivery in flight stays unconfirmed, with the producer), answer a step-down owed,
+        and while still active let the next `receive` start a new one (a new store), which
+        continues from the first message not confirmed. Nothing when it was stopped here."""
+        with self._lock:
+            if self._consumer is not consumer:
+                return
+            logger.warning(
+                "Subscription %d in %s: its consumer stopped (%s); starting a new one",
+                self.subscription_id,
+                self.group,
+                error,
+            )
+            self._in_flight = None
+            self._stop_consumer("its consumer stopped")
+            answer = not self._told_active and self._owe_activate
+            if answer:
+                self._owe_activate = False
+                self._answered = True
+            epoch = self._owed_epoch
+        self._hooks.run()
+        if answer:
+            self._answer(epoch)
 
     def _answer_done(self, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled() or isinstance(future.exception(), ConnectionRejected):

@@ -5,6 +5,7 @@ producers on a transport node of their own."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ from pykka_delivery.delivery.core.settings import (
     ProducerControllerSettings,
 )
 from pykka_delivery.delivery.handles.producer import Producer
-from pykka_delivery.delivery.stores.dedup import SqliteDedupStore
+from pykka_delivery.delivery.stores.dedup import MemoryDedupStore, SqliteDedupStore
+from pykka_delivery.delivery.stores.dedup_base import DedupStoreError
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.transport.node import Node
 from tests.coordinator.servers import Clients, served
@@ -207,3 +209,64 @@ def test_positions_report_one_row_per_producer(clients: Clients, producers: Prod
         (b.producer_id, 3, 3),
     ]
     consumer.close()
+
+
+class GivesUpOnce:
+    """A dedup store per activation, starting from the last one's positions; recording
+    ``seq_nr`` fails every attempt in the first, so that consumer gives up and stops."""
+
+    def __init__(self, seq_nr: int) -> None:
+        self.seq_nr = seq_nr
+        self.opened: list[MemoryDedupStore] = []
+
+    def __call__(self) -> MemoryDedupStore:
+        failing = not self.opened
+        positions = dict(self.opened[-1].positions) if self.opened else {}
+
+        def fail_when(op: str, arg: object) -> bool:
+            return failing and op == "record" and isinstance(arg, tuple) and arg[1] == self.seq_nr
+
+        store = MemoryDedupStore(positions, fail_when=fail_when)
+        self.opened.append(store)
+        return store
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["producer set", "one producer"])
+def test_a_consumer_whose_store_gives_up_is_replaced_and_continues_from_the_unconfirmed(
+    clients: Clients, producers: Producers, merged: bool
+) -> None:
+    """The store failing every attempt to record a confirmation stops the activation's
+    consumer: `confirm` raises, and the next `receive` starts a new consumer (a new store)
+    while the subscription is still active, which gets the message again; not a
+    `LocalProtocolError` (the delivery stuck "in flight") nor a spin on the stopped one."""
+    producers.add("p1", 40)
+    source = producers.set if merged else producers.set.current()["p1"]
+    stores = GivesUpOnce(seq_nr=5)
+    consumer = CoordinatedConsumer(
+        clients(),
+        GROUP.namespace,
+        GROUP.stream,
+        GROUP.name,
+        source,
+        partition_index=1,
+        settings=dataclasses.replace(CONSUMER, dedup_store_backoff=0.001),
+        node=producers.consumer_node,
+        dedup_store=stores,
+    )
+    seen: list[int] = []
+    failures = 0
+    try:
+        while len(set(seen)) < 40:
+            delivery = consumer.receive(WAIT)
+            try:
+                delivery.confirm()
+            except DedupStoreError:
+                failures += 1
+                continue
+            seen.append(delivery.message)
+    finally:
+        consumer.close()
+    assert failures == 1
+    assert seen == list(range(40))  # 4 again after the new consumer: none lost or doubled
+    assert len(stores.opened) == 2
+    assert len(consumer.intervals()) == 2

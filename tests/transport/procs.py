@@ -171,8 +171,12 @@ class Proc:
 # --- the services (subprocess side) ----------------------------------------------------
 
 
+Spawn = Callable[..., Proc]
+"""The ``spawn`` fixture (tests/conftest.py): ``spawn(name, *argv)`` starts a `Proc`."""
+
+
 @contextlib.contextmanager
-def spawner() -> Iterator[Callable[..., Proc]]:
+def spawner() -> Iterator[Spawn]:
     """``spawn(name, *argv)`` starts ``python *argv``; on leaving, every process is
     SIGKILLed and reaped (a no-op for those that exited), and its last output printed
     (pytest shows it when the test failed)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.transport.procs import Proc
+from tests.transport.procs import Proc, Spawn
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,6 @@ BOUND = 100.0  # seconds for a whole run to finish (below pytest-timeout's 120)
 WINDOW = 500  # the consumers' flow-control window
 # Once its consumer has exited, a producer has its last confirmations: it reports at once.
 AFTER_CONSUMER = 20.0
-
-Spawn = Callable[..., Proc]
 
 
 def is_summary(key: str) -> Callable[[dict[str, Any]], bool]:

@@ -50,14 +50,9 @@ import pytest
 
 from pykka_delivery.delivery.stores.dead_letters import SqliteDeadLetters
 from tests.delivery.durable import procs
-from tests.transport import test_processes as transport_processes
-from tests.transport.procs import Proc
+from tests.transport.procs import Proc, Spawn
 
 pytestmark = pytest.mark.slow
-
-Spawn = transport_processes.Spawn
-# The fixture that starts processes and SIGKILLs whatever is left of them at the end.
-spawn = transport_processes.spawn
 
 PROCS = ("-m", "tests.delivery.durable.procs")
 COUNT = 50_000
