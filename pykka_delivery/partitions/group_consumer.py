@@ -177,7 +177,8 @@ class GroupConsumer:
             self._changed.notify_all()
 
     def _run(self) -> None:
-        """Make a member for each stream listed that has none, in name order."""
+        """Make a member for each stream listed that has none, in name order; one that
+        fails does not hold the others: a round's failures wait a backoff together."""
         backoff = Backoff(self.settings.retry_backoff_min, self.settings.retry_backoff_max)
         delays = backoff.delays()
         while True:
@@ -187,30 +188,43 @@ class GroupConsumer:
                 )
                 if self._closed:
                     return
-                stream = min(set(self._listed) - set(self._members))
-                partitions = self._listed[stream]
-            try:
-                member = self._make(stream, partitions)
-            except (DeliveryError, ValueError) as error:
-                self.errors.append(error)
-                delay = next(delays)
-                logger.warning(
-                    "GroupConsumer %r could not join stream %r (%s); trying again in %.3g s",
-                    self.group,
-                    stream,
-                    error,
-                    delay,
+                missing = sorted(
+                    (n, self._listed[n]) for n in set(self._listed) - set(self._members)
                 )
-                with self._lock:
-                    if self._changed.wait_for(lambda: self._closed, delay):
-                        return
+            failed = [
+                stream for stream, partitions in missing if not self._join(stream, partitions)
+            ]
+            if self._closed:
+                return
+            if not failed:
+                delays = backoff.delays()
                 continue
-            delays = backoff.delays()
+            delay = next(delays)
+            logger.warning(
+                "GroupConsumer %r could not join stream(s) %s; trying again in %.3g s",
+                self.group,
+                failed,
+                delay,
+            )
             with self._lock:
-                if not self._closed:
-                    self._members[stream] = member
-                    self._changed.notify_all()
-                    logger.info("GroupConsumer %r follows stream %r", self.group, stream)
-                    continue
-            member.close()
-            return
+                if self._changed.wait_for(lambda: self._closed, delay):
+                    return
+
+    def _join(self, stream: str, partitions: int) -> bool:
+        """Make ``stream``'s member; False if that failed (kept in ``errors``)."""
+        try:
+            member = self._make(stream, partitions)
+        except (DeliveryError, ValueError) as error:
+            self.errors.append(error)
+            logger.warning(
+                "GroupConsumer %r: joining stream %r failed: %s", self.group, stream, error
+            )
+            return False
+        with self._lock:
+            if not self._closed:
+                self._members[stream] = member
+                self._changed.notify_all()
+                logger.info("GroupConsumer %r follows stream %r", self.group, stream)
+                return True
+        member.close()  # closed meanwhile
+        return True

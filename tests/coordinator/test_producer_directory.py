@@ -24,7 +24,7 @@ from pykka_delivery.delivery.core.settings import (
 from pykka_delivery.delivery.handles.producer import Producer
 from pykka_delivery.errors import ClosedError
 from pykka_delivery.transport.node import Node
-from tests.coordinator.servers import Clients, served
+from tests.coordinator.servers import Clients
 from tests.harness import wait_until
 
 WAIT = 10.0
@@ -33,24 +33,6 @@ GROUP = GroupId("test", "orders", "billing")
 CONSUMER = ConsumerControllerSettings(
     flow_control_window=20, resend_interval_min=0.05, resend_interval_max=0.2
 )
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    with served() as server:
-        opened = Clients(server)
-        try:
-            yield opened
-        finally:
-            opened.close_all()
-
-
-@pytest.fixture
-def nodes() -> Iterator[tuple[Node, Node]]:
-    producer_node, consumer_node = Node().start(), Node().start()
-    yield producer_node, consumer_node
-    consumer_node.stop()
-    producer_node.stop()
 
 
 @pytest.fixture

@@ -586,14 +586,6 @@ class Run:
         assert not self.thread.is_alive()
 
 
-@pytest.fixture
-def nodes() -> Iterator[tuple[Node, Node]]:
-    producer_node, consumer_node = Node().start(), Node().start()
-    yield producer_node, consumer_node
-    consumer_node.stop()
-    producer_node.stop()
-
-
 def start_sending(producer_node: Node, count: int = COUNT) -> tuple[Producer, threading.Thread]:
     """A producer exposed as "orders" on ``producer_node``, sending 0..count-1 from a
     thread of its own."""
