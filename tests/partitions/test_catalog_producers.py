@@ -12,17 +12,16 @@ ProducerController; see docs/partitions.md, "Several producers per stream").
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from pykka_delivery import ConsumerControllerSettings, ProducerControllerSettings
 from pykka_delivery.coordinator import (
     CoordinatorActor,
     CoordinatorClient,
-    CoordinatorClientSettings,
     CoordinatorRefused,
     CoordinatorServer,
     CoordinatorServerSettings,
@@ -32,30 +31,23 @@ from pykka_delivery.partitions import (
     GroupConsumer,
     GroupDelivery,
     GroupMember,
-    GroupMemberSettings,
     PartitionedProducer,
-    PartitionedProducerSettings,
     producer_id,
 )
 from pykka_delivery.transport import Node
+from tests.partitions.test_streams_from_coordinator import (
+    FAST_CLIENT,
+    MEMBER_SETTINGS,
+    WAIT,
+)
+from tests.partitions.test_streams_from_coordinator import (
+    PRODUCER_SETTINGS as UNNAMED_PRODUCER,
+)
 
-WAIT = 20.0
 STREAM = "clicks"
 GROUP = "totals"
-FAST_CLIENT = CoordinatorClientSettings(
-    reconnect_backoff_min=0.01, reconnect_backoff_max=0.1, request_timeout=WAIT
-)
-MEMBER_SETTINGS = GroupMemberSettings(
-    consumer=ConsumerControllerSettings(
-        flow_control_window=10, resend_interval_min=0.1, resend_interval_max=0.5
-    ),
-    close_grace=5.0,
-    retry_backoff_min=0.01,
-    retry_backoff_max=0.05,
-    registration_timeout=WAIT,
-)
-PRODUCER_SETTINGS = PartitionedProducerSettings(
-    producer=ProducerControllerSettings(resend_first_interval=0.1),
+PRODUCER_SETTINGS = dataclasses.replace(
+    UNNAMED_PRODUCER,
     leave_timeout=WAIT,
     name_wait=0.5,
     retry_backoff_min=0.01,
