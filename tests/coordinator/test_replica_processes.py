@@ -319,6 +319,9 @@ def test_a_leader_stopped_past_its_lease_cannot_append_and_steps_down_when_resum
             lambda: _named_leader(leader) == follower, "the old leader to name the new", deadline
         )
         after = client.list_groups(NAMESPACE, timeout=left(deadline))
+        # The activation's update follows the reply on the stream: from the old leader if
+        # it went out before the stop, else re-sent by the new one when the client attaches.
+        wait_for(lambda: bool(updates), "the client's first update", deadline)
 
     print(f"\nstopped {stopped_at:.3f}, new leader {led_at:.3f}, resumed {resumed_at:.3f}")
     assert led_at - stopped_at <= FAILOVER_BOUND
